@@ -1,0 +1,44 @@
+# fastload developer commands. Each target creates or updates the virtualenv itself.
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+STAMP   = $(VENV)/.installed
+
+.PHONY: demo test lint bench ceph-up ceph-down clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch is pinned so pip takes the CPU wheel (an unpinned torch pulls a multi-GB CUDA build).
+	$(PY) -m pip install --quiet 'torch==2.13.0'
+	$(PY) -m pip install --quiet -e '.[dev,dali,s3]'
+	touch $(STAMP)
+
+## demo: convert a generated sample corpus and train a few steps on it (local storage)
+demo: $(STAMP)
+	$(PY) -m fastload.demo
+
+## test: lint, type-check and run the whole test suite (starts a local Ceph cluster when possible)
+test: $(STAMP)
+	$(VENV)/bin/ruff check fastload tests benchmarks tools
+	$(VENV)/bin/ruff format --check fastload tests benchmarks tools
+	$(VENV)/bin/mypy
+	$(PY) -m pytest tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check fastload tests benchmarks tools
+	$(VENV)/bin/ruff format --check fastload tests benchmarks tools
+	$(VENV)/bin/mypy
+
+## bench: run the benchmarks side by side with the peers (see benchmarks/README.md)
+bench: $(STAMP)
+	$(PY) -m benchmarks.run
+
+ceph-up:
+	tools/ceph-up.sh
+
+ceph-down:
+	tools/ceph-down.sh
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis demo-output

@@ -1,0 +1,174 @@
+"""The fastload exception hierarchy.
+
+Every error fastload raises on purpose derives from :class:`FastloadError`. Specific errors also derive
+from the matching built-in exception, so callers can catch what they already know::
+
+    try:
+        store.get("missing")
+    except FileNotFoundError:  # ObjectNotFoundError is one
+        ...
+
+Messages name the store URL, key, shard or byte offset involved and say what to do about it.
+Errors never carry credentials.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CorruptDataError",
+    "DatasetExistsError",
+    "FastloadError",
+    "FormatError",
+    "InvalidArgumentError",
+    "InvalidKeyError",
+    "InvalidRangeError",
+    "ManifestError",
+    "MissingDependencyError",
+    "ObjectNotFoundError",
+    "ReadOnlyStoreError",
+    "StoreAuthError",
+    "StoreError",
+    "StorePermissionError",
+    "StoreUnavailableError",
+    "TransientStoreError",
+    "UnknownSchemeError",
+    "UnsafeDataError",
+    "UnsupportedManifestVersionError",
+    "WorkerError",
+]
+
+
+class FastloadError(Exception):
+    """Root of every error fastload raises on purpose."""
+
+
+# --- arguments and environment ------------------------------------------------------------------
+
+
+class InvalidArgumentError(FastloadError, ValueError):
+    """An argument or option has a value fastload cannot use; the message lists what is accepted."""
+
+
+class UnknownSchemeError(InvalidArgumentError):
+    """A URL's scheme names no registered store backend; the message lists the known schemes."""
+
+
+class MissingDependencyError(FastloadError, ImportError):
+    """An optional dependency is not installed; the message gives the ``pip install`` command."""
+
+
+# --- storage -------------------------------------------------------------------------------------
+
+
+class StoreError(FastloadError):
+    """A storage operation failed.
+
+    Attributes:
+        url: The URL of the object or store involved (without credentials), or ``""``.
+        retryable: Whether repeating the same operation may succeed (network blips, throttling, 5xx).
+            :class:`fastload.storage.RetryStore` retries exactly the errors for which this is true.
+    """
+
+    retryable: bool = False
+
+    def __init__(self, message: str, *, url: str = "") -> None:
+        super().__init__(message)
+        self.url = url
+
+
+class ObjectNotFoundError(StoreError, FileNotFoundError):
+    """The key (or bucket, or dataset) does not exist in the store."""
+
+
+class StorePermissionError(StoreError, PermissionError):
+    """The store refused the operation (permissions, ACLs)."""
+
+
+class StoreAuthError(StorePermissionError):
+    """The credentials were rejected. The message says where credentials were looked for."""
+
+
+class ReadOnlyStoreError(StorePermissionError):
+    """A write, delete or streamed write was attempted on a store that does not accept writes."""
+
+
+class InvalidKeyError(StoreError, ValueError):
+    """A key is not acceptable: empty, absolute, escaping the store root (``..``), or has NUL bytes."""
+
+
+class InvalidRangeError(StoreError, ValueError):
+    """A byte range is malformed or reaches past the end of the object; the message gives its size."""
+
+
+class TransientStoreError(StoreError, ConnectionError):
+    """A failure that may go away when retried: timeouts, throttling, server errors, dropped
+    connections."""
+
+    retryable = True
+
+
+class StoreUnavailableError(StoreError, ConnectionError):
+    """The store could not be reached even after retrying; the message says for how long it tried."""
+
+
+# --- data and formats ---------------------------------------------------------------------------
+
+
+class FormatError(FastloadError, ValueError):
+    """Data does not follow the format it claims to be in.
+
+    Attributes:
+        url: The store URL of the shard (or file) involved, or ``""``.
+        offset: Byte offset in the shard where the problem was found, or ``None``.
+        key: The sample key involved, or ``None``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str = "",
+        offset: int | None = None,
+        key: str | None = None,
+    ) -> None:
+        parts = [message]
+        where = []
+        if url:
+            where.append(url)
+        if offset is not None:
+            where.append(f"byte offset {offset}")
+        if key is not None:
+            where.append(f"key {key!r}")
+        if where:
+            parts.append(f"({', '.join(where)})")
+        super().__init__(" ".join(parts))
+        self.url = url
+        self.offset = offset
+        self.key = key
+
+
+class CorruptDataError(FormatError):
+    """Bytes are damaged: a truncated shard, a bad checksum, undecodable payload."""
+
+
+class UnsafeDataError(FormatError, PermissionError):
+    """Decoding would run untrusted code (pickle). Refused unless explicitly allowed."""
+
+
+class ManifestError(FormatError):
+    """A dataset manifest (``fastload.json``) is missing fields or inconsistent with the shards."""
+
+
+class UnsupportedManifestVersionError(ManifestError):
+    """The manifest was written by a newer fastload; upgrade fastload to read it."""
+
+
+class DatasetExistsError(FastloadError, FileExistsError):
+    """The destination already holds a different dataset; pass ``overwrite=True`` to replace it."""
+
+
+# --- loading -------------------------------------------------------------------------------------
+
+
+class WorkerError(FastloadError, RuntimeError):
+    """A loader worker failed; the message names the worker, shard and sample key when known."""

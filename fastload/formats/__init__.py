@@ -1,0 +1,51 @@
+"""Shard formats: WebDataset (tar), TFRecord and LMDB, one sample model, the dataset manifest.
+
+Formats read and write shards through a :class:`~fastload.storage.Store`; they do not know where
+the bytes live, and nothing here imports torch. Each format's ``README.md`` is its on-disk spec.
+"""
+
+from fastload.formats._base import (
+    Format,
+    OnError,
+    ShardInfo,
+    ShardReader,
+    ShardWriter,
+    get_format,
+)
+from fastload.formats._sample import (
+    Codec,
+    Sample,
+    decode_field,
+    decode_sample,
+    encode_field,
+    encode_sample,
+    register_codec,
+)
+from fastload.formats.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    ShardEntry,
+    read_manifest,
+    write_manifest,
+)
+
+__all__ = [
+    "MANIFEST_NAME",
+    "Codec",
+    "Format",
+    "Manifest",
+    "OnError",
+    "Sample",
+    "ShardEntry",
+    "ShardInfo",
+    "ShardReader",
+    "ShardWriter",
+    "decode_field",
+    "decode_sample",
+    "encode_field",
+    "encode_sample",
+    "get_format",
+    "read_manifest",
+    "register_codec",
+    "write_manifest",
+]

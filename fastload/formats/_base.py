@@ -1,0 +1,267 @@
+"""What every shard format provides: a writer, a reader, an index builder.
+
+A format is a :class:`Format` record registered under a name (``webdataset``, ``tfrecord``,
+``lmdb``) in one registry; third parties add formats through the ``fastload.formats`` entry-point
+group. Formats take a :class:`~fastload.storage.Store` and a key; they never know where the bytes live.
+
+Contracts:
+
+* :class:`ShardWriter` writes one shard through the store's streamed writer (or ``put``). Nothing is
+  visible under the shard's key until :meth:`ShardWriter.close` returns; the index object (if the
+  format has one) is written after the shard. An aborted writer leaves nothing visible.
+* :class:`ShardReader` yields samples ``{"__key__": str, "__url__": shard URL, "__index__": int,
+  field: bytes}`` in shard order. Field bytes are exactly the bytes written. Readers stream: they
+  never need the whole shard in memory. With an index they also give random access by position.
+* Corrupt data raises :class:`~fastload.errors.CorruptDataError` naming the shard URL and the byte
+  offset or key, unless the reader's ``on_error`` policy says to skip or warn; skipped samples are
+  counted in :attr:`ShardReader.skipped`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, ClassVar, Literal
+
+from fastload._plugins import PluginRegistry
+from fastload.errors import FormatError, InvalidArgumentError
+from fastload.storage import Store
+
+__all__ = [
+    "FORMATS",
+    "ErrorPolicy",
+    "Format",
+    "OnError",
+    "ShardInfo",
+    "ShardReader",
+    "ShardWriter",
+    "get_format",
+]
+
+log = logging.getLogger("fastload.formats")
+
+OnError = Literal["raise", "skip", "warn"]
+_ON_ERROR = ("raise", "skip", "warn")
+
+
+class ErrorPolicy:
+    """Applies an ``on_error`` policy and counts what was skipped.
+
+    ``raise``: re-raise. ``skip``: count and continue silently. ``warn``: count, log a warning,
+    continue.
+    """
+
+    def __init__(self, on_error: str = "raise") -> None:
+        if on_error not in _ON_ERROR:
+            raise InvalidArgumentError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
+        self.on_error = on_error
+        self.skipped = 0
+        self.errors: list[str] = []  # the first few messages, for reports
+
+    def handle(self, exc: FormatError) -> None:
+        """Raise ``exc`` or record it, according to the policy."""
+        if self.on_error == "raise":
+            raise exc
+        self.skipped += 1
+        if len(self.errors) < 100:
+            self.errors.append(str(exc))
+        if self.on_error == "warn":
+            log.warning("skipping corrupt data: %s", exc)
+
+
+@dataclass
+class ShardInfo:
+    """What a writer reports about the shard it wrote; becomes a manifest entry.
+
+    Attributes:
+        key: The shard's key in the store.
+        num_samples: Samples in the shard.
+        num_bytes: Size of the shard object in bytes.
+        sha256: Hex SHA-256 of the shard object's bytes.
+        index_key: Key of the index object written beside the shard, or ``None``.
+        fields: Field name → number of samples that have it.
+    """
+
+    key: str
+    num_samples: int
+    num_bytes: int
+    sha256: str
+    index_key: str | None = None
+    fields: dict[str, int] = field(default_factory=dict)
+
+
+class _HashingCounter:
+    """SHA-256 and byte count of everything passed through :meth:`update`."""
+
+    def __init__(self) -> None:
+        self.sha = hashlib.sha256()
+        self.nbytes = 0
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        self.sha.update(data)
+        self.nbytes += len(data)
+
+
+class ShardWriter(ABC):
+    """Writes samples into one shard object.
+
+    Use as a context manager, or call :meth:`close` (commit) / :meth:`abort` yourself.
+
+    Args:
+        store: Where the shard goes.
+        key: The shard's key, e.g. ``"train-000000.tar"``.
+        index: Also write the format's index as ``key + ".idx"`` (formats that have one).
+    """
+
+    def __init__(self, store: Store, key: str, *, index: bool = True) -> None:
+        self.store, self.key, self.write_index = store, key, index
+        self.num_samples = 0
+        self.fields: dict[str, int] = {}
+
+    @abstractmethod
+    def write(self, sample: Mapping[str, Any]) -> None:
+        """Append one sample (see :mod:`fastload.formats._sample` for what values are accepted).
+
+        Raises:
+            InvalidArgumentError: The sample has no valid ``__key__`` or a field cannot be encoded.
+        """
+
+    @property
+    @abstractmethod
+    def num_bytes(self) -> int:
+        """Bytes of shard written so far (for rolling over at a target size)."""
+
+    @abstractmethod
+    def close(self) -> ShardInfo:
+        """Finish the shard, commit it (then its index) to the store, and describe it."""
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Discard the shard; nothing becomes visible. Safe to call more than once."""
+
+    def _count_fields(self, sample: Mapping[str, Any]) -> None:
+        self.num_samples += 1
+        for name in sample:
+            if not name.startswith("__"):
+                self.fields[name] = self.fields.get(name, 0) + 1
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+class ShardReader(ABC):
+    """Reads samples from one shard.
+
+    Args:
+        store: Where the shard is.
+        key: The shard's key.
+        on_error: ``raise`` (default), ``skip`` or ``warn`` for corrupt samples.
+        index_key: Key of the shard's index; ``None`` means ``key + ".idx"`` if it exists.
+    """
+
+    #: Whether :meth:`read` / :meth:`__len__` work (needs an index or a native random-access layout).
+    supports_random_access: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        store: Store,
+        key: str,
+        *,
+        on_error: OnError = "raise",
+        index_key: str | None = None,
+    ) -> None:
+        self.store, self.key = store, key
+        self.url = store.child_url(key)
+        self.policy = ErrorPolicy(on_error)
+        self.index_key = index_key
+
+    @property
+    def skipped(self) -> int:
+        """Samples skipped so far under the ``skip``/``warn`` policies."""
+        return self.policy.skipped
+
+    @abstractmethod
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """Yield the shard's samples in order, streaming."""
+
+    def __len__(self) -> int:
+        """Number of samples (needs random access)."""
+        raise FormatError(f"{type(self).__name__} has no index to count samples", url=self.url)
+
+    def read(self, i: int) -> dict[str, Any]:
+        """The ``i``-th sample of the shard, by random access (needs an index)."""
+        raise FormatError(
+            f"{type(self).__name__} cannot read sample {i} by position without an index; "
+            "build one with `fastload index`",
+            url=self.url,
+        )
+
+    def iter_from(self, start: int) -> Iterator[dict[str, Any]]:
+        """Yield samples from position ``start`` on (seeks with an index, else skips)."""
+        for i, sample in enumerate(self):
+            if i >= start:
+                yield sample
+
+    def close(self) -> None:
+        """Release file handles and environments held by this reader."""
+
+    def __enter__(self) -> ShardReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class Format:
+    """A shard format as the rest of fastload sees it.
+
+    Attributes:
+        name: Canonical name (``"webdataset"``).
+        extension: Shard file extension without the dot (``"tar"``).
+        writer: The :class:`ShardWriter` subclass.
+        reader: The :class:`ShardReader` subclass.
+        build_index: ``(store, key) -> bytes | None``: the index bytes for an existing shard (as
+            DALI's own tools would write them), or ``None`` if the format has no index file.
+        detect: ``(head_bytes) -> bool``: whether a shard's first bytes look like this format.
+    """
+
+    name: str
+    extension: str
+    writer: type[ShardWriter]
+    reader: type[ShardReader]
+    build_index: Any = None
+    detect: Any = None
+
+
+FORMATS = PluginRegistry(
+    "shard format", "fastload.formats", "Pass one of these as format=... or --format."
+)
+FORMATS.register("webdataset", "fastload.formats.webdataset:FORMAT", aliases=("wds", "tar"))
+FORMATS.register("tfrecord", "fastload.formats.tfrecord:FORMAT", aliases=("tfr", "tfrecords"))
+FORMATS.register("lmdb", "fastload.formats.lmdb:FORMAT", aliases=("mdb",))
+
+
+def get_format(name: str) -> Format:
+    """The :class:`Format` registered as ``name`` (aliases such as ``wds`` accepted).
+
+    Raises:
+        InvalidArgumentError: Unknown format; the message lists the known ones.
+    """
+    fmt: Format = FORMATS.load(name)
+    return fmt

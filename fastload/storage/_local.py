@@ -1,0 +1,311 @@
+"""Local filesystem store: objects are files under a root directory."""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import tempfile
+from collections.abc import Iterator
+from typing import Any, cast
+from urllib.parse import unquote, urlsplit
+
+from fastload.errors import (
+    InvalidArgumentError,
+    ObjectNotFoundError,
+    ReadOnlyStoreError,
+    StoreError,
+    StorePermissionError,
+)
+from fastload.storage._base import (
+    ByteRange,
+    ObjectMeta,
+    ObjectWriter,
+    Store,
+    check_range,
+    validate_key,
+    validate_prefix,
+)
+
+__all__ = ["LocalStore"]
+
+_TMP_PREFIX = ".fastload-tmp-"
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class _LocalWriter(ObjectWriter):
+    """Writes to a temporary file beside the target, then fsync + rename on commit."""
+
+    def __init__(self, store: LocalStore, key: str, path: str, fsync: bool) -> None:
+        super().__init__()
+        self._store, self._key, self._path, self._fsync = store, key, path, fsync
+        directory = os.path.dirname(path)
+        try:
+            os.makedirs(directory, exist_ok=True)
+            fd, self._tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=directory)
+        except OSError as exc:
+            raise store._translate(exc, key) from exc
+        self._file = os.fdopen(fd, "wb", buffering=1 << 20)
+
+    def _write(self, data: memoryview) -> None:
+        try:
+            self._file.write(data)
+        except OSError as exc:
+            raise self._store._translate(exc, self._key) from exc
+
+    def _commit(self) -> None:
+        try:
+            self._file.flush()
+            if self._fsync:
+                os.fsync(self._file.fileno())
+            self._file.close()
+            os.chmod(self._tmp, 0o666 & ~_umask())
+            os.replace(self._tmp, self._path)
+        except OSError as exc:
+            raise self._store._translate(exc, self._key) from exc
+        if self._fsync:
+            _fsync_dir(os.path.dirname(self._path))
+
+    def _abort(self) -> None:
+        try:
+            self._file.close()
+        finally:
+            try:
+                os.unlink(self._tmp)
+            except OSError:
+                pass
+
+
+_UMASK: int | None = None
+
+
+def _umask() -> int:
+    global _UMASK
+    if _UMASK is None:
+        current = os.umask(0)
+        os.umask(current)
+        _UMASK = current
+    return _UMASK
+
+
+class LocalStore(Store):
+    """Objects as files under ``root``; keys map to relative paths.
+
+    Reads use ``os.pread`` on a fresh descriptor (no shared file position, so threads and forked
+    workers can read concurrently). Writes go to a temporary file in the target's directory, are
+    fsynced, then renamed over the target, so readers never see a partial object. Temporary files
+    start with ``.fastload-tmp-`` and are never listed.
+
+    Args:
+        root: Directory holding the objects. Created on first write.
+        read_only: Refuse ``put``, ``open_writer`` and ``delete``.
+        fsync: Flush file data and directory entries to the device on commit (durable against power
+            loss). Turn off only for scratch data.
+    """
+
+    has_local_paths = True
+
+    def __init__(
+        self, root: str | os.PathLike[str], *, read_only: bool = False, fsync: bool = True
+    ):
+        self._root = os.path.abspath(os.fspath(root))
+        self._read_only = read_only
+        self._fsync = fsync
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> LocalStore:
+        """Open ``/path``, ``relative/path`` or ``file:///path``."""
+        if url.startswith("file://"):
+            parts = urlsplit(url)
+            if parts.netloc not in ("", "localhost"):
+                raise InvalidArgumentError(
+                    f"file:// URL {url!r} names host {parts.netloc!r}; use file:///absolute/path"
+                )
+            url = unquote(parts.path)
+        if not url:
+            raise InvalidArgumentError("empty local path; pass a directory such as ./data")
+        return cls(url, **options)
+
+    @property
+    def url(self) -> str:
+        return "file://" + self._root
+
+    @property
+    def root(self) -> str:
+        """Absolute path of the root directory."""
+        return self._root
+
+    @property
+    def supports_writes(self) -> bool:  # type: ignore[override]
+        return not self._read_only
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (self._root, self._read_only, self._fsync))
+
+    # ---- helpers ----------------------------------------------------------------------------
+
+    def _path(self, key: str) -> str:
+        validate_key(key, url=self.url)
+        return os.path.join(self._root, *key.split("/"))
+
+    def _translate(self, exc: OSError, key: str) -> StoreError:
+        where = self.child_url(key)
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR):
+            return ObjectNotFoundError(f"no object {where}", url=where)
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return StorePermissionError(
+                f"permission denied on {where}: {exc.strerror}; check the directory's owner and mode",
+                url=where,
+            )
+        return StoreError(f"I/O error on {where}: {exc}", url=where)
+
+    def _check_writable(self, key: str) -> None:
+        if self._read_only:
+            raise ReadOnlyStoreError(
+                f"store {self.url} was opened read-only; cannot write {key!r}",
+                url=self.child_url(key),
+            )
+
+    # ---- Store API --------------------------------------------------------------------------
+
+    def get(self, key: str, byte_range: ByteRange | None = None) -> bytes:
+        path = self._path(key)
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            raise self._translate(exc, key) from exc
+        try:
+            size = os.fstat(fd).st_size
+            if byte_range is None:
+                start, length = 0, size
+            else:
+                check_range(byte_range, size, url=self.child_url(key))
+                start, length = byte_range.start, byte_range.length
+            if length == 0:
+                return b""
+            data = os.pread(fd, length, start)
+            if len(data) < length:  # short read: loop (rare; pipes, network filesystems)
+                parts = [data]
+                got = len(data)
+                while got < length:
+                    more = os.pread(fd, length - got, start + got)
+                    if not more:
+                        raise StoreError(
+                            f"{self.child_url(key)} shrank while being read",
+                            url=self.child_url(key),
+                        )
+                    parts.append(more)
+                    got += len(more)
+                data = b"".join(parts)
+            return data
+        except IsADirectoryError as exc:
+            raise self._translate(exc, key) from exc
+        finally:
+            os.close(fd)
+
+    def head(self, key: str) -> ObjectMeta:
+        path = self._path(key)
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            raise self._translate(exc, key) from exc
+        if not os.path.isfile(path):
+            raise ObjectNotFoundError(f"no object {self.child_url(key)} (it is a directory)")
+        return ObjectMeta(key, st.st_size, st.st_mtime, f"{st.st_mtime_ns:x}-{st.st_size:x}")
+
+    def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
+        validate_prefix(prefix, url=self.url)
+        # Walk only the directory that can contain the prefix.
+        head, _, _ = prefix.rpartition("/")
+        start = os.path.join(self._root, *head.split("/")) if head else self._root
+        if not os.path.isdir(start):
+            return
+        yield from self._walk(start, head + "/" if head else "", prefix)
+
+    def _walk(self, directory: str, rel: str, prefix: str) -> Iterator[ObjectMeta]:
+        try:
+            entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise self._translate(exc, rel or ".") from exc
+        # Keys sort by full string; a directory "a" sorts its children "a/..." after "a-b" but
+        # before "a0" since '/' < '0'. Sort entries by the key they produce.
+        items = []
+        for entry in entries:
+            if entry.name.startswith(_TMP_PREFIX):
+                continue
+            key = rel + entry.name
+            try:
+                is_dir = entry.is_dir(follow_symlinks=True)
+            except OSError:
+                continue
+            items.append((key + "/" if is_dir else key, entry, is_dir))
+        items.sort(key=lambda t: t[0])
+        for sort_key, entry, is_dir in items:
+            if is_dir:
+                if sort_key.startswith(prefix) or prefix.startswith(sort_key):
+                    yield from self._walk(entry.path, sort_key, prefix)
+            elif sort_key.startswith(prefix):
+                try:
+                    st = entry.stat(follow_symlinks=True)
+                except FileNotFoundError:
+                    continue
+                yield ObjectMeta(
+                    sort_key, st.st_size, st.st_mtime, f"{st.st_mtime_ns:x}-{st.st_size:x}"
+                )
+
+    def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        self._check_writable(key)
+        with self.open_writer(key) as writer:
+            writer.write(data)
+
+    def open_writer(self, key: str) -> ObjectWriter:
+        self._check_writable(key)
+        return _LocalWriter(self, key, self._path(key), self._fsync)
+
+    def delete(self, key: str) -> None:
+        self._check_writable(key)
+        path = self._path(key)
+        try:
+            os.unlink(path)
+        except OSError as exc:
+            raise self._translate(exc, key) from exc
+        # Remove now-empty parent directories up to the root, as object stores have no directories.
+        parent = os.path.dirname(path)
+        while parent != self._root and parent.startswith(self._root):
+            try:
+                os.rmdir(parent)
+            except OSError:
+                break
+            parent = os.path.dirname(parent)
+
+    def open_reader(self, key: str, *, chunk_size: int = 0) -> io.BufferedIOBase:
+        try:
+            return cast(
+                io.BufferedIOBase, open(self._path(key), "rb", buffering=max(chunk_size, 1 << 20))
+            )
+        except OSError as exc:
+            raise self._translate(exc, key) from exc
+
+    def local_path(self, key: str) -> str | None:
+        path = self._path(key)
+        if not os.path.isfile(path):
+            raise ObjectNotFoundError(f"no object {self.child_url(key)}", url=self.child_url(key))
+        return path
+
+
+def _rebuild(root: str, read_only: bool, fsync: bool) -> LocalStore:
+    return LocalStore(root, read_only=read_only, fsync=fsync)
