@@ -18,8 +18,15 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m fastload.demo
 
-## test: lint, type-check and run the whole test suite (starts a local Ceph cluster when possible)
-test: $(STAMP)
+TF_STAMP = .venv-tf/.installed
+
+$(TF_STAMP): tools/tf-venv.sh
+	tools/tf-venv.sh
+
+## test: install what the tests need (Debian's Ceph packages, a TensorFlow venv for interop tests),
+## lint, type-check and run the whole test suite (it starts a throw-away local Ceph cluster)
+test: $(STAMP) $(TF_STAMP)
+	tools/system-deps.sh
 	$(VENV)/bin/ruff check fastload tests benchmarks tools
 	$(VENV)/bin/ruff format --check fastload tests benchmarks tools
 	$(VENV)/bin/mypy
