@@ -109,10 +109,13 @@ def validate_key(key: str, *, url: str = "") -> str:
         )
     if "\x00" in key:
         raise InvalidKeyError(f"store key {key!r} contains a NUL byte", url=url)
-    if key.startswith("/"):
+    if key[0] == "/":
         raise InvalidKeyError(
             f"store key {key!r} is absolute; keys are relative to the store root {url!r}", url=url
         )
+    # Fast path (this runs on every read): no empty segment and no segment starting with ".".
+    if "//" not in key and key[-1] != "/" and key[0] != "." and "/." not in key:
+        return key
     for part in key.split("/"):
         if part in ("", ".", ".."):
             raise InvalidKeyError(
@@ -244,8 +247,17 @@ class _RangedReader(io.RawIOBase):
         return True
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
+        if whence == io.SEEK_SET:
+            base = 0
+        elif whence == io.SEEK_CUR:
+            base = self._pos
+        elif whence == io.SEEK_END:
+            base = self._size
+        else:
+            raise ValueError(f"invalid whence {whence!r}; use io.SEEK_SET, SEEK_CUR or SEEK_END")
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset}")
+        self._pos = base + offset
         return self._pos
 
     def tell(self) -> int:
@@ -285,6 +297,10 @@ class Store(ABC):
     supports_listing: ClassVar[bool] = True
     #: Objects are files on a local filesystem; :meth:`local_path` returns their paths.
     has_local_paths: ClassVar[bool] = False
+    #: A copy of the store in another process (pickled, or opened from the same URL) sees the same
+    #: objects, including those written after the copy was made. False for ``memory://``, whose
+    #: pickled copies carry a snapshot: writes in a worker process are not seen by the parent.
+    shared_across_processes: ClassVar[bool] = True
 
     # ---- required -------------------------------------------------------------------------------
 
@@ -358,11 +374,15 @@ class Store(ABC):
         def flush() -> None:
             lo = ranges[group[0]].start
             hi = max(ranges[i].end for i in group)
-            blob = self.get(key, ByteRange(lo, hi)) if hi > lo else b""
+            # Also for an empty span: the get checks that it lies within the object.
+            blob = self.get(key, ByteRange(lo, hi))
             view = memoryview(blob)
             for i in group:
                 r = ranges[i]
-                out[i] = bytes(view[r.start - lo : r.end - lo])
+                if r.start == lo and r.end == hi:
+                    out[i] = blob
+                else:
+                    out[i] = bytes(view[r.start - lo : r.end - lo])
 
         for i in order:
             r = ranges[i]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from typing import Any, cast
@@ -12,6 +13,7 @@ from urllib.parse import unquote, urlsplit
 
 from fastload.errors import (
     InvalidArgumentError,
+    InvalidKeyError,
     ObjectNotFoundError,
     ReadOnlyStoreError,
     StoreError,
@@ -30,6 +32,7 @@ from fastload.storage._base import (
 __all__ = ["LocalStore"]
 
 _TMP_PREFIX = ".fastload-tmp-"
+_O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 
 
 def _fsync_dir(path: str) -> None:
@@ -56,14 +59,14 @@ class _LocalWriter(ObjectWriter):
             os.makedirs(directory, exist_ok=True)
             fd, self._tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=directory)
         except OSError as exc:
-            raise store._translate(exc, key) from exc
+            raise store._translate(exc, key, writing=True) from exc
         self._file = os.fdopen(fd, "wb", buffering=1 << 20)
 
     def _write(self, data: memoryview) -> None:
         try:
             self._file.write(data)
         except OSError as exc:
-            raise self._store._translate(exc, self._key) from exc
+            raise self._store._translate(exc, self._key, writing=True) from exc
 
     def _commit(self) -> None:
         try:
@@ -74,7 +77,7 @@ class _LocalWriter(ObjectWriter):
             os.chmod(self._tmp, 0o666 & ~_umask())
             os.replace(self._tmp, self._path)
         except OSError as exc:
-            raise self._store._translate(exc, self._key) from exc
+            raise self._store._translate(exc, self._key, writing=True) from exc
         if self._fsync:
             _fsync_dir(os.path.dirname(self._path))
 
@@ -106,7 +109,12 @@ class LocalStore(Store):
     Reads use ``os.pread`` on a fresh descriptor (no shared file position, so threads and forked
     workers can read concurrently). Writes go to a temporary file in the target's directory, are
     fsynced, then renamed over the target, so readers never see a partial object. Temporary files
-    start with ``.fastload-tmp-`` and are never listed.
+    start with ``.fastload-tmp-`` and are never listed; keys with a segment of that name are
+    rejected. A temporary file left by a killed writer stays on disk (invisible) until removed.
+
+    Filesystem limits: a key cannot be both an object and a prefix of another key followed by
+    ``/`` (``a`` and ``a/b``), since ``a`` would have to be a file and a directory; such a write
+    raises :class:`~fastload.errors.InvalidKeyError`. Symbolic links inside the root are followed.
 
     Args:
         root: Directory holding the objects. Created on first write.
@@ -121,6 +129,7 @@ class LocalStore(Store):
         self, root: str | os.PathLike[str], *, read_only: bool = False, fsync: bool = True
     ):
         self._root = os.path.abspath(os.fspath(root))
+        self._root_sep = self._root.rstrip("/") + "/"
         self._read_only = read_only
         self._fsync = fsync
 
@@ -158,10 +167,24 @@ class LocalStore(Store):
 
     def _path(self, key: str) -> str:
         validate_key(key, url=self.url)
-        return os.path.join(self._root, *key.split("/"))
+        if _TMP_PREFIX in key and any(p.startswith(_TMP_PREFIX) for p in key.split("/")):
+            raise InvalidKeyError(
+                f"store key {key!r} has a segment starting with {_TMP_PREFIX!r}, which "
+                f"{self.url} reserves for temporary files of unfinished writes",
+                url=self.child_url(key),
+            )
+        if os.sep == "/":
+            return self._root_sep + key
+        return os.path.join(self._root, *key.split("/"))  # pragma: no cover - not POSIX
 
-    def _translate(self, exc: OSError, key: str) -> StoreError:
+    def _translate(self, exc: OSError, key: str, *, writing: bool = False) -> StoreError:
         where = self.child_url(key)
+        if writing and exc.errno in (errno.ENOTDIR, errno.EISDIR, errno.EEXIST):
+            return InvalidKeyError(
+                f"cannot write {where}: on a local store a key cannot be both an object and a "
+                f"directory of other objects (as with 'a' and 'a/b'); rename one of them ({exc})",
+                url=where,
+            )
         if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR):
             return ObjectNotFoundError(f"no object {where}", url=where)
         if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
@@ -183,37 +206,58 @@ class LocalStore(Store):
     def get(self, key: str, byte_range: ByteRange | None = None) -> bytes:
         path = self._path(key)
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            fd = os.open(path, _O_RDONLY)
         except OSError as exc:
             raise self._translate(exc, key) from exc
         try:
-            size = os.fstat(fd).st_size
-            if byte_range is None:
-                start, length = 0, size
-            else:
-                check_range(byte_range, size, url=self.child_url(key))
-                start, length = byte_range.start, byte_range.length
-            if length == 0:
+            if byte_range is not None and byte_range.end > byte_range.start:
+                # Hot path for random access: no fstat; a short read tells us the range may
+                # reach past the end, and only then do we look at the size.
+                length = byte_range.end - byte_range.start
+                data = os.pread(fd, length, byte_range.start)
+                if len(data) == length:
+                    return data
+                return self._finish_short_read(fd, key, byte_range.start, length, data)
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ObjectNotFoundError(
+                    f"no object {self.child_url(key)} (it is a directory)",
+                    url=self.child_url(key),
+                )
+            if byte_range is not None:  # empty range: only check that it lies within the object
+                check_range(byte_range, st.st_size, url=self.child_url(key))
                 return b""
-            data = os.pread(fd, length, start)
-            if len(data) < length:  # short read: loop (rare; pipes, network filesystems)
-                parts = [data]
-                got = len(data)
-                while got < length:
-                    more = os.pread(fd, length - got, start + got)
-                    if not more:
-                        raise StoreError(
-                            f"{self.child_url(key)} shrank while being read",
-                            url=self.child_url(key),
-                        )
-                    parts.append(more)
-                    got += len(more)
-                data = b"".join(parts)
-            return data
-        except IsADirectoryError as exc:
+            if st.st_size == 0:
+                return b""
+            data = os.pread(fd, st.st_size, 0)
+            if len(data) == st.st_size:
+                return data
+            return self._finish_short_read(fd, key, 0, st.st_size, data)
+        except OSError as exc:
+            if isinstance(exc, StoreError):
+                raise
             raise self._translate(exc, key) from exc
         finally:
             os.close(fd)
+
+    def _finish_short_read(self, fd: int, key: str, start: int, length: int, data: bytes) -> bytes:
+        """Complete a short ``pread``: a range past the end, or a short read on a slow filesystem."""
+        size = os.fstat(fd).st_size
+        if start + length > size:
+            check_range(ByteRange(start, start + length), size, url=self.child_url(key))
+        parts = [data]
+        got = len(data)
+        while got < length:
+            more = os.pread(fd, length - got, start + got)
+            if not more:
+                raise StoreError(
+                    f"{self.child_url(key)} shrank while being read (it was replaced in place, "
+                    "not atomically); retry the read",
+                    url=self.child_url(key),
+                )
+            parts.append(more)
+            got += len(more)
+        return b"".join(parts)
 
     def head(self, key: str) -> ObjectMeta:
         path = self._path(key)
@@ -221,14 +265,18 @@ class LocalStore(Store):
             st = os.stat(path)
         except OSError as exc:
             raise self._translate(exc, key) from exc
-        if not os.path.isfile(path):
-            raise ObjectNotFoundError(f"no object {self.child_url(key)} (it is a directory)")
+        if not stat.S_ISREG(st.st_mode):
+            raise ObjectNotFoundError(
+                f"no object {self.child_url(key)} (it is a directory)", url=self.child_url(key)
+            )
         return ObjectMeta(key, st.st_size, st.st_mtime, f"{st.st_mtime_ns:x}-{st.st_size:x}")
 
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
         validate_prefix(prefix, url=self.url)
         # Walk only the directory that can contain the prefix.
         head, _, _ = prefix.rpartition("/")
+        if head and any(part in ("", ".", "..") for part in head.split("/")):
+            return  # no valid key starts with an empty, '.' or '..' segment
         start = os.path.join(self._root, *head.split("/")) if head else self._root
         if not os.path.isdir(start):
             return
@@ -293,10 +341,9 @@ class LocalStore(Store):
             parent = os.path.dirname(parent)
 
     def open_reader(self, key: str, *, chunk_size: int = 0) -> io.BufferedIOBase:
+        path = self._path(key)
         try:
-            return cast(
-                io.BufferedIOBase, open(self._path(key), "rb", buffering=max(chunk_size, 1 << 20))
-            )
+            return cast(io.BufferedIOBase, open(path, "rb", buffering=max(chunk_size, 1 << 20)))
         except OSError as exc:
             raise self._translate(exc, key) from exc
 

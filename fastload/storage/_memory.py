@@ -73,7 +73,12 @@ class MemoryStore(Store):
     Args:
         name: Stores with the same name in one process share objects.
         read_only: Refuse writes.
+
+    A pickled copy unpickled in another process carries a snapshot of the objects at pickling
+    time (:attr:`shared_across_processes` is False): what a worker process writes stays there.
     """
+
+    shared_across_processes = False
 
     def __init__(self, name: str = "default", *, read_only: bool = False) -> None:
         self._name = name

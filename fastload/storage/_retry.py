@@ -1,0 +1,283 @@
+""":class:`RetryStore`: retry transient failures of any store with exponential backoff.
+
+Which errors are retried:
+
+* A :class:`~fastload.errors.StoreError` is retried exactly when its ``retryable`` attribute is
+  true (:class:`~fastload.errors.TransientStoreError`: timeouts, throttling, server errors,
+  dropped connections). Everything else, e.g. :class:`~fastload.errors.ObjectNotFoundError`,
+  :class:`~fastload.errors.InvalidRangeError` or permission errors, is raised at once.
+* A built-in :class:`ConnectionError` or :class:`TimeoutError` that is not a ``StoreError`` is
+  retried too (:attr:`RetryConfig.retry_builtin_errors`): backends should translate their
+  client library's errors, but a socket error that slips through is transient by nature.
+  :class:`~fastload.errors.StoreUnavailableError` is a ``ConnectionError`` but is *not* retried:
+  it means an inner :class:`RetryStore` already gave up.
+
+Backoff is exponential with "full jitter": before retry ``n`` (0-based) the wrapper sleeps a
+uniformly random time in ``[0, min(max_backoff, initial_backoff * backoff_base ** n))``, which
+spreads the retries of many workers that failed together. When the retries or the time budget
+run out it raises :class:`~fastload.errors.StoreUnavailableError` naming the URL, the number of
+attempts and how long it tried, chained to the last error.
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from fastload.errors import (
+    InvalidArgumentError,
+    ObjectNotFoundError,
+    StoreError,
+    StoreUnavailableError,
+)
+from fastload.storage._base import (
+    DEFAULT_COALESCE_BYTES,
+    DEFAULT_READ_CHUNK,
+    ByteRange,
+    ObjectMeta,
+    ObjectWriter,
+    Store,
+)
+from fastload.storage._wrapper import WrapperStore
+
+__all__ = ["RetryConfig", "RetryStore", "is_retryable"]
+
+logger = logging.getLogger("fastload.storage")
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryConfig:
+    """How :class:`RetryStore` retries. The defaults suit object stores (S3, Ceph RGW) under load.
+
+    Attributes:
+        max_retries: Retries after the first attempt, so at most ``max_retries + 1`` attempts.
+            Default 10.
+        initial_backoff: Upper bound of the first (random) sleep, in seconds. Default 0.1.
+        max_backoff: Cap on the upper bound of any one sleep, in seconds. Default 15.
+        backoff_base: Factor by which the upper bound grows per retry. Default 2.
+        retry_timeout: Total time budget of one operation in seconds, counted from the start of
+            its first attempt: no retry is started whose sleep would end after it. Default 180.
+        retry_builtin_errors: Also retry built-in :class:`ConnectionError` and
+            :class:`TimeoutError` that are not fastload errors. Default True.
+    """
+
+    max_retries: int = 10
+    initial_backoff: float = 0.1
+    max_backoff: float = 15.0
+    backoff_base: float = 2.0
+    retry_timeout: float = 180.0
+    retry_builtin_errors: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_retries, int) or self.max_retries < 0:
+            raise InvalidArgumentError(
+                f"RetryConfig.max_retries must be an int >= 0, got {self.max_retries!r}"
+            )
+        for name in ("initial_backoff", "max_backoff", "retry_timeout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value < 0:
+                raise InvalidArgumentError(
+                    f"RetryConfig.{name} must be a number of seconds >= 0, got {value!r}"
+                )
+        if not isinstance(self.backoff_base, (int, float)) or self.backoff_base < 1:
+            raise InvalidArgumentError(
+                f"RetryConfig.backoff_base must be >= 1, got {self.backoff_base!r}"
+            )
+
+    def backoff_bound(self, retry: int) -> float:
+        """Upper bound in seconds of the random sleep before retry number ``retry`` (0-based)."""
+        # Cap the exponent so that many retries cannot overflow a float.
+        growth = self.backoff_base ** min(retry, 64)
+        return float(min(self.max_backoff, self.initial_backoff * growth))
+
+
+def is_retryable(exc: BaseException, *, builtin_errors: bool = True) -> bool:
+    """Whether :class:`RetryStore` retries ``exc`` (see the module documentation)."""
+    if isinstance(exc, StoreError):
+        return exc.retryable
+    return builtin_errors and isinstance(exc, (ConnectionError, TimeoutError))
+
+
+def _jitter() -> float:
+    # A module-level function (not random.random, a bound method) so that pickling a RetryStore
+    # does not copy a random generator's state into every worker.
+    return random.random()
+
+
+class RetryStore(WrapperStore):
+    """Retry the transient failures of ``store``; see the module documentation for the policy.
+
+    What is retried, per operation:
+
+    * ``get``, ``head``, ``put``, ``get_ranges`` and ``delete`` are retried whole (each is
+      idempotent; ``put`` is atomic in every backend, so a retried put never shows a mix). A
+      ``delete`` whose earlier attempt failed transiently and whose retry finds the key gone
+      counts as done, since the earlier attempt may have deleted it.
+    * ``list`` resumes after a failure: listings are in ascending key order, so a retried
+      listing skips the keys already yielded. Retry count and time budget start again whenever
+      a key arrives.
+    * ``open_reader`` reads through ranged ``get`` calls of ``chunk_size`` bytes, each retried,
+      unless the wrapped store has local paths (then its own reader is used).
+    * ``open_writer``: opening the writer is retried; ``write`` and ``commit`` are not, because
+      the bytes already streamed cannot be replayed in general. A transient failure while
+      writing raises out of the ``with`` block and leaves nothing visible (the writer aborts);
+      write the object again, or use ``put`` (retried whole) for objects that fit in memory.
+
+    Args:
+        store: The store to wrap.
+        config: Retry limits and backoff; see :class:`RetryConfig` for the defaults.
+        sleep: Called with a number of seconds to wait between attempts (inject for tests).
+        clock: Monotonic clock in seconds, for the time budget (inject for tests).
+        jitter: Returns a uniform random float in ``[0, 1)`` that scales each sleep (for tests).
+
+    The injected callables must be picklable if the store is pickled (module-level functions
+    are). The wrapper itself keeps no state between calls; it is thread- and process-safe as far
+    as the wrapped store is.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        config: RetryConfig | None = None,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        jitter: Callable[[], float] = _jitter,
+    ) -> None:
+        super().__init__(store)
+        if config is not None and not isinstance(config, RetryConfig):
+            raise InvalidArgumentError(
+                f"RetryStore config must be a RetryConfig, got {type(config).__name__}"
+            )
+        self._config = config if config is not None else RetryConfig()
+        self._sleep, self._clock, self._jitter = sleep, clock, jitter
+
+    @property
+    def config(self) -> RetryConfig:
+        """The retry configuration."""
+        return self._config
+
+    # ---- the retry loop -----------------------------------------------------------------------
+
+    def _wait_or_give_up(self, op: str, key: str, exc: Exception, retry: int, began: float) -> None:
+        """Sleep before retry number ``retry`` (0-based), or raise StoreUnavailableError."""
+        config = self._config
+        elapsed = self._clock() - began
+        delay = self._jitter() * config.backoff_bound(retry)
+        if retry >= config.max_retries:
+            reason = f"all {config.max_retries} retries used"
+        elif elapsed + delay > config.retry_timeout:
+            reason = f"another retry would exceed the {config.retry_timeout:g} s budget"
+        else:
+            logger.debug(
+                "%s %s failed (%s: %s); retry %d/%d in %.3f s",
+                op,
+                self.child_url(key) if key else self.url,
+                type(exc).__name__,
+                exc,
+                retry + 1,
+                config.max_retries,
+                delay,
+            )
+            self._sleep(delay)
+            return
+        where = self.child_url(key) if key else self.url
+        raise StoreUnavailableError(
+            f"{op} {where} failed {retry + 1} times over {elapsed:.1f} s ({reason}); "
+            f"last error: {type(exc).__name__}: {exc}. Check that the store is reachable "
+            "and not overloaded, or allow more with RetryConfig(max_retries=..., "
+            "retry_timeout=...)",
+            url=where,
+        ) from exc
+
+    def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
+        """Run ``fn`` until it succeeds, fails for good, or the retries/time budget run out."""
+        began = self._clock()
+        retry = 0
+        while True:
+            try:
+                return fn()
+            except Exception as exc:
+                if not is_retryable(exc, builtin_errors=self._config.retry_builtin_errors):
+                    raise
+                self._wait_or_give_up(op, key, exc, retry, began)
+                retry += 1
+
+    # ---- operations ---------------------------------------------------------------------------
+
+    def get(self, key: str, byte_range: ByteRange | None = None) -> bytes:
+        return self._call("get", key, lambda: self._store.get(key, byte_range))
+
+    def head(self, key: str) -> ObjectMeta:
+        return self._call("head", key, lambda: self._store.head(key))
+
+    def get_ranges(
+        self,
+        key: str,
+        ranges: Sequence[ByteRange],
+        *,
+        coalesce: int = DEFAULT_COALESCE_BYTES,
+    ) -> builtins.list[bytes]:
+        return self._call(
+            "get_ranges", key, lambda: self._store.get_ranges(key, ranges, coalesce=coalesce)
+        )
+
+    def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        self._call("put", key, lambda: self._store.put(key, data))
+
+    def delete(self, key: str) -> None:
+        attempts = 0
+
+        def attempt() -> None:
+            nonlocal attempts
+            attempts += 1
+            try:
+                self._store.delete(key)
+            except ObjectNotFoundError:
+                if attempts == 1:
+                    raise
+                # An earlier attempt failed transiently, possibly after deleting the key.
+
+        self._call("delete", key, attempt)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
+        last: str | None = None
+        retry = 0
+        began = self._clock()
+        while True:
+            try:
+                for meta in self._store.list(prefix):
+                    if last is not None and meta.key <= last:
+                        continue  # already yielded before the failure
+                    last = meta.key
+                    retry = 0  # progress: the retry count and budget start again
+                    yield meta
+                    began = self._clock()
+                return
+            except Exception as exc:
+                if not is_retryable(exc, builtin_errors=self._config.retry_builtin_errors):
+                    raise
+                self._wait_or_give_up("list", prefix, exc, retry, began)
+                retry += 1
+
+    def open_writer(self, key: str) -> ObjectWriter:
+        return self._call("open_writer", key, lambda: self._store.open_writer(key))
+
+    def open_reader(self, key: str, *, chunk_size: int = DEFAULT_READ_CHUNK) -> io.BufferedIOBase:
+        if self._store.has_local_paths:
+            return self._call(
+                "open_reader", key, lambda: self._store.open_reader(key, chunk_size=chunk_size)
+            )
+        # Ranged gets through self.get, so every chunk is retried on its own.
+        return Store.open_reader(self, key, chunk_size=chunk_size)
+
+    def __repr__(self) -> str:
+        return f"RetryStore({self._store!r}, {self._config!r})"
