@@ -1,0 +1,507 @@
+"""POSIX tar at the byte level: header encoding for the writer and a streaming member scanner.
+
+Nothing here knows about samples; :mod:`.reader`, :mod:`.writer` and :mod:`.index` build on it.
+See this package's ``README.md`` for the layout these functions read and write.
+"""
+
+from __future__ import annotations
+
+import io
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from fastload.errors import CorruptDataError, InvalidArgumentError
+
+__all__ = [
+    "BLOCK",
+    "END_OF_ARCHIVE",
+    "MAX_USTAR_SIZE",
+    "Bad",
+    "Member",
+    "checksum_ok",
+    "encode_member_header",
+    "parse_octal",
+    "scan",
+    "split_member_name",
+    "stream_skipper",
+    "unsafe_name_reason",
+    "ustar_name",
+]
+
+BLOCK = 512
+ZERO_BLOCK = bytes(BLOCK)
+#: Two zero blocks end an archive.
+END_OF_ARCHIVE = bytes(2 * BLOCK)
+#: Largest size the 11-digit octal ustar size field holds (8 GiB - 1); larger needs a pax record.
+MAX_USTAR_SIZE = 0o77777777777
+
+_NAME_MAX, _PREFIX_MAX = 100, 155
+_PAX_NAME = b"././@PaxHeader"
+
+# Member kinds as the scanner reports them.
+REGULAR, DIRECTORY, OTHER = 0, 1, 2
+_META_TYPES = (b"x", b"g", b"L", b"K")
+_NO_DATA_TYPES = (b"1", b"2", b"3", b"4", b"5", b"6")
+_TYPE_NAMES = {
+    b"1": "hard link",
+    b"2": "symbolic link",
+    b"3": "character device",
+    b"4": "block device",
+    b"6": "FIFO",
+    b"S": "GNU sparse file",
+    b"D": "GNU dump directory",
+    b"M": "GNU multi-volume continuation",
+    b"N": "old GNU long-name entry",
+}
+
+
+# ---- header encoding (writer side) ----------------------------------------------------------
+
+
+def _octal(value: int, width: int) -> bytes:
+    """``width - 1`` zero-padded octal digits and a NUL, as ustar numeric fields are written."""
+    return b"%0*o\x00" % (width - 1, value)
+
+
+def _header(name: bytes, prefix: bytes, size: int, typeflag: bytes) -> bytes:
+    """One ustar header block with fastload's fixed metadata (mode 0644, uid/gid 0, mtime 0)."""
+    parts = [
+        name.ljust(_NAME_MAX, b"\0"),
+        b"0000644\x00",  # mode
+        b"0000000\x00",  # uid
+        b"0000000\x00",  # gid
+        _octal(size, 12),
+        _octal(0, 12),  # mtime
+        b"        ",  # checksum placeholder: 8 spaces
+        typeflag,
+        bytes(100),  # linkname
+        b"ustar\x0000",  # magic + version
+        bytes(32),  # uname
+        bytes(32),  # gname
+        b"0000000\x00",  # devmajor
+        b"0000000\x00",  # devminor
+        prefix.ljust(_PREFIX_MAX, b"\0"),
+        bytes(12),
+    ]
+    block = bytearray(b"".join(parts))
+    block[148:156] = b"%06o\x00 " % sum(block)
+    return bytes(block)
+
+
+def ustar_name(name: bytes) -> tuple[bytes, bytes] | None:
+    """Split an encoded member path into ustar ``(prefix, name)``, or ``None`` if it cannot fit.
+
+    Paths of at most 100 bytes go into ``name`` alone. Longer paths are split at a ``/`` so that
+    the part before it fits the 155-byte prefix and the part after it the 100-byte name; the
+    shortest such prefix is chosen, so the split is deterministic.
+    """
+    if len(name) <= _NAME_MAX:
+        return b"", name
+    first = max(0, len(name) - _NAME_MAX - 1)
+    for i in range(first, min(len(name), _PREFIX_MAX + 1)):
+        if name[i] == 0x2F and i > 0 and i < len(name) - 1:  # b"/"
+            return name[:i], name[i + 1 :]
+    return None
+
+
+def _pax_records(records: dict[str, bytes]) -> bytes:
+    out = bytearray()
+    for key, value in records.items():
+        body = b" " + key.encode("ascii") + b"=" + value + b"\n"
+        length = len(body) + 1
+        while len(str(length)) + len(body) != length:
+            length = len(str(length)) + len(body)
+        out += str(length).encode("ascii") + body
+    return bytes(out)
+
+
+def encode_member_header(name: bytes, size: int) -> bytes:
+    """The header block(s) of a regular file member ``name`` of ``size`` bytes.
+
+    Uses a single ustar header when the path fits ustar's name + prefix fields and the size fits
+    its 11 octal digits; otherwise a pax extended header (``x``) carrying ``path`` and/or ``size``
+    precedes it. The result is a multiple of 512 bytes; the member's data follows it.
+    """
+    if size < 0:
+        raise InvalidArgumentError(f"member size must be >= 0, got {size}")
+    records: dict[str, bytes] = {}
+    split = ustar_name(name)
+    if split is None:
+        records["path"] = name
+        split = (b"", name[:_NAME_MAX])
+    if size > MAX_USTAR_SIZE:
+        records["size"] = str(size).encode("ascii")
+    main = _header(split[1], split[0], 0 if "size" in records else size, b"0")
+    if not records:
+        return main
+    pax = _pax_records(records)
+    pad = -len(pax) % BLOCK
+    return _header(_PAX_NAME, b"", len(pax), b"x") + pax + bytes(pad) + main
+
+
+# ---- header decoding (reader side) ----------------------------------------------------------
+
+
+def parse_octal(field: bytes) -> int:
+    """A ustar numeric field: octal digits (NUL/space padded) or GNU base-256 (high bit set).
+
+    Raises:
+        ValueError: The field is neither.
+    """
+    if field and field[0] & 0x80:
+        value = int.from_bytes(field, "big") & ~(0x80 << (8 * (len(field) - 1)))
+        if field[0] & 0x40:  # negative in two's complement: never valid for sizes
+            raise ValueError(f"negative base-256 number {field!r}")
+        return value
+    digits = field.split(b"\0", 1)[0].strip()
+    return int(digits, 8) if digits else 0
+
+
+def checksum_ok(hdr: bytes) -> bool:
+    """Whether a 512-byte header's checksum field matches its bytes.
+
+    The checksum is the sum of the header's bytes with the checksum field counted as 8 spaces;
+    POSIX sums them unsigned, some historic writers signed; both are accepted.
+    """
+    try:
+        stored = parse_octal(hdr[148:156])
+    except ValueError:
+        return False
+    field = hdr[148:156]
+    field_sum = sum(field)
+    # adler32's low half is 1 + (sum of bytes) mod 65521. The unsigned header sum lies in
+    # [256, 512 * 255] < 2 * 65521, so it is one of two values, and a stored checksum that
+    # differs from the real sum by exactly 65521 cannot come from changing one octal digit.
+    low = ((zlib.adler32(hdr) & 0xFFFF) - 1 - field_sum + 256) % 65521
+    if stored == low or stored == low + 65521:
+        return True
+    unsigned = sum(hdr) - field_sum + 256
+    high = sum(1 for b in hdr if b >= 128) - sum(1 for b in field if b >= 128)
+    return stored == unsigned - 256 * high
+
+
+def split_member_name(name: str) -> tuple[str, str] | None:
+    """``(key, field)`` of a member path, split at the first ``.`` after the last ``/``.
+
+    Returns ``None`` for members that are not sample components: no ``.`` in the last path
+    segment, or an empty basename (hidden files such as ``.foo`` or ``dir/.foo``).
+    """
+    dot = name.find(".", name.rfind("/") + 1)
+    if dot <= 0 or name[dot - 1] == "/":
+        return None
+    return name[:dot], name[dot + 1 :]
+
+
+def unsafe_name_reason(name: str) -> str | None:
+    """Why a member path is unsafe to use as a relative path, or ``None`` if it is safe."""
+    if name.startswith("/"):
+        return "is an absolute path"
+    if ".." in name.split("/"):
+        return "escapes its directory with a '..' segment"
+    if "\\" in name and ".." in name.replace("\\", "/").split("/"):
+        return "escapes its directory with a '..' segment (backslash-separated)"
+    return None
+
+
+def _decode(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def _parse_pax(data: bytes) -> dict[bytes, bytes]:
+    """Records of a pax extended header body: ``"<len> <key>=<value>\\n"`` repeated."""
+    out: dict[bytes, bytes] = {}
+    pos, end = 0, len(data)
+    while pos < end:
+        if data[pos] == 0:  # NUL padding after the last record
+            break
+        space = data.find(b" ", pos, min(end, pos + 24))
+        if space < 0:
+            raise ValueError(f"pax record at byte {pos} has no length field")
+        length = int(data[pos:space])
+        record = data[space + 1 : pos + length]
+        if length <= 0 or pos + length > end or not record.endswith(b"\n") or b"=" not in record:
+            raise ValueError(f"pax record at byte {pos} is malformed")
+        key, value = record[:-1].split(b"=", 1)
+        out[key] = value
+        pos += length
+    return out
+
+
+def stream_skipper(stream: io.BufferedIOBase) -> Callable[[int], int]:
+    """A ``skip(n)`` for :func:`scan` over ``stream``: seeks where possible, else reads and drops.
+
+    Returns the bytes actually skipped (fewer than ``n`` only at the end of the stream).
+    """
+    if stream.seekable():
+        here = stream.tell()
+        total = stream.seek(0, io.SEEK_END)
+        stream.seek(here)
+
+        def seek_skip(n: int) -> int:
+            pos = stream.tell()
+            n = max(0, min(n, total - pos))
+            stream.seek(n, io.SEEK_CUR)
+            return n
+
+        return seek_skip
+
+    def read_skip(n: int) -> int:
+        done = 0
+        while done < n:
+            chunk = stream.read(min(n - done, 1 << 20))
+            if not chunk:
+                break
+            done += len(chunk)
+        return done
+
+    return read_skip
+
+
+# ---- scanning -------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Member:
+    """One tar entry as the scanner found it.
+
+    Attributes:
+        name: The member path (pax ``path`` or GNU long name applied), decoded as UTF-8 with
+            ``surrogateescape``.
+        kind: ``REGULAR``, ``DIRECTORY`` or ``OTHER`` (links, devices, FIFOs, ...).
+        type_name: Human-readable entry type for messages.
+        header_offset: Byte offset of the member's first header block (its pax/GNU header if any).
+        data_offset: Byte offset of the member's data (its ustar header's offset + 512).
+        size: Data size in bytes, without padding.
+        data: The data, when the scanner was asked for it and the member is a regular file.
+    """
+
+    name: str
+    kind: int
+    type_name: str
+    header_offset: int
+    data_offset: int
+    size: int
+    data: bytes | None
+
+
+@dataclass(slots=True)
+class Bad:
+    """A problem the scanner found; ``fatal`` means scanning stopped after it.
+
+    ``lost_next``: the name of the next member cannot be trusted or the member before it was
+    lost, so the sample the next member belongs to may be incomplete.
+    """
+
+    error: CorruptDataError
+    fatal: bool
+    lost_next: bool = False
+
+
+def scan(
+    read: Callable[[int], bytes],
+    skip: Callable[[int], int],
+    url: str,
+    *,
+    start: int = 0,
+    want_data: bool = True,
+) -> Iterator[Member | Bad]:
+    """Yield the members of a tar stream in order, and :class:`Bad` for each problem found.
+
+    Args:
+        read: ``read(n)`` returns up to ``n`` bytes (fewer only at the end of the stream).
+        skip: ``skip(n)`` advances ``n`` bytes and returns how many were skipped.
+        url: The shard URL, for messages.
+        start: Byte offset of the stream's position within the shard (a header boundary).
+        want_data: Read regular members' data into :attr:`Member.data`; else skip over it.
+
+    Scanning ends at the first zero block (end of archive). After a header with a bad checksum
+    the scanner looks for the next valid ustar header block by block and continues from there
+    (``Bad.fatal`` False); a truncated archive yields a fatal :class:`Bad` and stops.
+    """
+    pos = start
+    long_name: bytes | None = None
+    pax: dict[bytes, bytes] = {}
+    global_pax: dict[bytes, bytes] = {}
+    meta_offset: int | None = None  # offset of the first pax/GNU block of the pending member
+    hdr = read(BLOCK)
+    while True:
+        if len(hdr) < BLOCK:
+            what = "inside a header block" if hdr else "without the end-of-archive blocks"
+            yield Bad(
+                CorruptDataError(
+                    f"tar archive ends {what}; the shard is truncated, re-create or re-download it",
+                    url=url,
+                    offset=pos,
+                ),
+                fatal=True,
+            )
+            return
+        if hdr == ZERO_BLOCK:
+            return
+        if not checksum_ok(hdr):
+            bad_at = pos
+            yield Bad(
+                CorruptDataError(
+                    "tar header checksum mismatch (corrupt or not a tar archive); the member "
+                    "at this offset is lost",
+                    url=url,
+                    offset=bad_at,
+                ),
+                fatal=False,
+                lost_next=True,
+            )
+            long_name, pax, meta_offset = None, {}, None
+            # Resynchronise: the next block that is a valid ustar header, or the end.
+            zeros = 0
+            while True:
+                hdr = read(BLOCK)
+                pos += BLOCK
+                if len(hdr) < BLOCK:
+                    if zeros >= 2 and not hdr:
+                        return
+                    yield Bad(
+                        CorruptDataError(
+                            f"no valid tar header after the corrupt one at byte offset {bad_at} "
+                            "up to the end of the shard, which lacks the end-of-archive blocks; "
+                            "the shard is truncated or is not a tar archive",
+                            url=url,
+                            offset=pos,
+                        ),
+                        fatal=True,
+                    )
+                    return
+                if hdr == ZERO_BLOCK:
+                    zeros += 1
+                    continue
+                zeros = 0
+                if hdr[257:262] == b"ustar" and checksum_ok(hdr):
+                    break
+            continue
+
+        typeflag = hdr[156:157]
+        try:
+            size = parse_octal(hdr[124:136])
+        except ValueError:
+            size = -1
+        if size < 0:
+            yield Bad(
+                CorruptDataError(
+                    f"tar header has an invalid size field {hdr[124:136]!r}", url=url, offset=pos
+                ),
+                fatal=True,
+            )
+            return
+        if typeflag in _META_TYPES:
+            # Metadata for the next member: pax extended/global header, GNU long name/link.
+            padded = size + (-size % BLOCK)
+            body = read(padded)
+            if len(body) < padded:
+                yield Bad(
+                    CorruptDataError(
+                        f"tar archive ends inside a {typeflag.decode()!r} extension header; the "
+                        "shard is truncated",
+                        url=url,
+                        offset=pos,
+                    ),
+                    fatal=True,
+                )
+                return
+            if meta_offset is None:
+                meta_offset = pos
+            body = body[:size]
+            if typeflag == b"L":
+                long_name = body.split(b"\0", 1)[0]
+            elif typeflag != b"K":
+                try:
+                    records = _parse_pax(body)
+                except ValueError as exc:
+                    yield Bad(
+                        CorruptDataError(
+                            f"malformed pax extended header: {exc}", url=url, offset=pos
+                        ),
+                        fatal=False,
+                        lost_next=True,
+                    )
+                    records = {}
+                if typeflag == b"x":
+                    pax.update(records)
+                else:
+                    global_pax.update(records)
+            pos += BLOCK + padded
+            hdr = read(BLOCK)
+            continue
+
+        header_offset = pos if meta_offset is None else meta_offset
+        eff = {**global_pax, **pax} if global_pax else pax
+        if b"path" in eff:
+            name = _decode(eff[b"path"])
+        elif long_name is not None:
+            name = _decode(long_name)
+        else:
+            raw = hdr[0:100].split(b"\0", 1)[0]
+            if hdr[257:262] == b"ustar" and hdr[345] != 0:
+                raw = hdr[345:500].split(b"\0", 1)[0] + b"/" + raw
+            name = _decode(raw)
+        if b"size" in eff:
+            try:
+                size = int(eff[b"size"])
+            except ValueError:
+                yield Bad(
+                    CorruptDataError(
+                        f"pax size record {eff[b'size']!r} is not a number", url=url, offset=pos
+                    ),
+                    fatal=True,
+                )
+                return
+        long_name, meta_offset = None, None
+        if pax:
+            pax = {}
+
+        if typeflag in (b"0", b"\0", b"7"):
+            kind = DIRECTORY if typeflag == b"\0" and name.endswith("/") else REGULAR
+            type_name = "directory" if kind == DIRECTORY else "regular file"
+        elif typeflag == b"5":
+            kind, type_name = DIRECTORY, "directory"
+        elif typeflag == b"V":  # GNU volume label: not a file
+            kind, type_name = DIRECTORY, "volume label"
+        else:
+            kind = OTHER
+            type_name = _TYPE_NAMES.get(typeflag, f"entry of unknown type {typeflag!r}")
+        # As POSIX and Python's tarfile: links, devices, FIFOs and directories store no data.
+        size_on_disk = 0 if typeflag in _NO_DATA_TYPES else size
+        data_offset = pos + BLOCK
+        pad = -size_on_disk % BLOCK
+        data: bytes | None = None
+        if want_data and kind == REGULAR:
+            data = read(size_on_disk)
+            if len(data) < size_on_disk:
+                yield Bad(
+                    CorruptDataError(
+                        f"tar archive ends inside member {name!r}, which declares {size} bytes "
+                        f"at byte offset {data_offset} but only {len(data)} remain; the shard "
+                        "is truncated",
+                        url=url,
+                        offset=data_offset + len(data),
+                    ),
+                    fatal=True,
+                )
+                return
+            nxt = read(pad + BLOCK)
+            hdr = nxt[pad:] if len(nxt) >= pad else b""
+        else:
+            skipped = skip(size_on_disk + pad) if size_on_disk + pad else 0
+            if skipped < size_on_disk:
+                yield Bad(
+                    CorruptDataError(
+                        f"tar archive ends inside member {name!r} (declared size {size} at byte "
+                        f"offset {data_offset}); the shard is truncated",
+                        url=url,
+                        offset=data_offset + skipped,
+                    ),
+                    fatal=True,
+                )
+                return
+            hdr = read(BLOCK) if skipped == size_on_disk + pad else b""
+        yield Member(name, kind, type_name, header_offset, data_offset, size, data)
+        pos = data_offset + size_on_disk + pad

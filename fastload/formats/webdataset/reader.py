@@ -1,0 +1,314 @@
+"""The WebDataset shard reader: streams tar members from a store and groups them into samples."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from typing import Any
+
+from fastload.errors import CorruptDataError, FormatError, ObjectNotFoundError
+from fastload.formats._base import OnError, ShardReader
+from fastload.formats.webdataset._tar import (
+    BLOCK,
+    DIRECTORY,
+    REGULAR,
+    Bad,
+    checksum_ok,
+    parse_octal,
+    scan,
+    split_member_name,
+    stream_skipper,
+    unsafe_name_reason,
+)
+from fastload.formats.webdataset.index import Component, parse_index
+from fastload.storage import ByteRange, Store
+
+__all__ = ["WebDatasetReader"]
+
+_META = ("__key__", "__url__", "__index__")
+
+
+class WebDatasetReader(ShardReader):
+    """Reads a tar shard: sequentially by streaming, and by position when it has an index.
+
+    Iteration streams the shard through ``store.open_reader`` (the shard is never downloaded
+    whole or held in memory) and yields ``{"__key__", "__url__", "__index__", field: bytes}``.
+    Consecutive members with the same basename (the member path up to the first ``.`` after
+    the last ``/``) form one sample; the rest of the name is the field. Directories, members
+    without a ``.`` in their last path segment and hidden files (``.foo``) are ignored.
+
+    Refused, as :class:`~fastload.errors.CorruptDataError` naming the shard URL, member and
+    byte offset: members that are not regular files (links, devices, FIFOs), member names that
+    are absolute or contain ``..``, a field that appears twice in one sample, bad header
+    checksums, and truncated archives. Under ``on_error="skip"``/``"warn"`` the sample
+    concerned is dropped and counted in :attr:`skipped`; after a corrupt header the reader
+    resumes at the next valid header (the sample after it is dropped too, as it may have lost a
+    member); a truncated archive ends the iteration.
+
+    With an index (``index_key``, or ``key + ".idx"`` when it exists), :meth:`__len__`,
+    :meth:`read` (one coalesced ranged request per sample) and a seeking :meth:`iter_from`
+    work, and :attr:`supports_random_access` is True. The index is loaded on first use and
+    checked against the shard's size; every random read checks the member headers in front of
+    the data it fetches, so a stale index raises instead of returning wrong bytes.
+
+    A reader is not thread-safe; pickling it is cheap (the store and key; no open files).
+    ``__index__`` is the sample's position among the samples found in the shard, which equals
+    its index line when the shard is intact.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        key: str,
+        *,
+        on_error: OnError = "raise",
+        index_key: str | None = None,
+    ) -> None:
+        super().__init__(store, key, on_error=on_error, index_key=index_key)
+        self._index: list[list[Component]] | None = None
+        self._index_loaded = False
+
+    # ---- index --------------------------------------------------------------------------------
+
+    def _load_index(self) -> list[list[Component]] | None:
+        if self._index_loaded:
+            return self._index
+        ikey = self.index_key if self.index_key is not None else self.key + ".idx"
+        iurl = self.store.child_url(ikey)
+        try:
+            data = self.store.get(ikey)
+        except ObjectNotFoundError:
+            if self.index_key is not None:
+                raise ObjectNotFoundError(
+                    f"index {iurl} of shard {self.url} does not exist; build it with "
+                    "`fastload index`, or pass index_key=None to read without one",
+                    url=iurl,
+                ) from None
+            self._index, self._index_loaded = None, True
+            return None
+        self._index = parse_index(data, url=iurl, shard_size=self.store.size(self.key))
+        self._index_loaded = True
+        return self._index
+
+    @property
+    def supports_random_access(self) -> bool:  # type: ignore[override]
+        """True when the shard has an index (looked up, and loaded, on first access)."""
+        return self._load_index() is not None
+
+    def _require_index(self) -> list[list[Component]]:
+        index = self._load_index()
+        if index is None:
+            raise FormatError(
+                f"shard has no index {self.key}.idx, so samples cannot be counted or read by "
+                "position; build one with `fastload index`",
+                url=self.url,
+            )
+        return index
+
+    def __len__(self) -> int:
+        """Number of samples, from the index (raises :class:`FormatError` without one)."""
+        return len(self._require_index())
+
+    def read(self, i: int) -> dict[str, Any]:
+        """The ``i``-th sample (``0 <= i < len(self)``), fetched with one ranged request.
+
+        The error policy does not apply here: a sample that cannot be read raises.
+
+        Raises:
+            IndexError: ``i`` is out of range.
+            FormatError: No index.
+            CorruptDataError: The headers in front of the indexed data do not match the index.
+        """
+        index = self._require_index()
+        if not 0 <= i < len(index):
+            raise IndexError(f"sample {i} out of range: {self.url} has {len(index)} samples")
+        comps = index[i]
+        ranges = [ByteRange(c.offset - BLOCK, c.offset + c.size) for c in comps]
+        blobs = self.store.get_ranges(self.key, ranges)
+        sample: dict[str, Any] = {"__url__": self.url, "__index__": i}
+        key: str | None = None
+        for comp, blob in zip(comps, blobs, strict=True):
+            name = self._check_indexed_header(comp, blob[:BLOCK], i)
+            split = split_member_name(name)
+            if split is None or split[1] != comp.ext:
+                raise CorruptDataError(
+                    f"index line {i + 2} lists member {name!r} with field {comp.ext!r}, which "
+                    "does not match its name; rebuild the index with `fastload index`",
+                    url=self.url,
+                    offset=comp.offset,
+                )
+            if key is None:
+                key = split[0]
+                sample["__key__"] = key
+            sample[comp.ext] = blob[BLOCK:]
+        return sample
+
+    def _check_indexed_header(self, comp: Component, hdr: bytes, i: int) -> str:
+        """Verify the ustar header in front of an indexed member; return the member's name."""
+        stale = "; the index does not belong to this shard, rebuild it with `fastload index`"
+        if not checksum_ok(hdr) or hdr[156:157] not in (b"0", b"\0", b"7"):
+            raise CorruptDataError(
+                f"index line {i + 2}: no regular-file tar header in front of the data of "
+                f"{comp.name or comp.ext!r}{stale}",
+                url=self.url,
+                offset=comp.offset - BLOCK,
+            )
+        size = parse_octal(hdr[124:136])
+        raw = hdr[0:100].split(b"\0", 1)[0]
+        if hdr[257:262] == b"ustar" and hdr[345] != 0:
+            raw = hdr[345:500].split(b"\0", 1)[0] + b"/" + raw
+        header_name = raw.decode("utf-8", "surrogateescape")
+        if size != comp.size and not (size == 0 and comp.size > 0o77777777777):
+            raise CorruptDataError(
+                f"index line {i + 2} gives {comp.size} bytes for {comp.name or comp.ext!r} but "
+                f"its tar header says {size}{stale}",
+                url=self.url,
+                offset=comp.offset - BLOCK,
+            )
+        if not comp.name:  # v1.1 index: the header is the only source of the name
+            if header_name.endswith("." + comp.ext) and len(raw) < 100:
+                return header_name
+            raise FormatError(
+                f"index line {i + 2} (v1.1, no member names) points at member "
+                f"{header_name!r}, whose full name the header cannot give; rebuild the index "
+                "with `fastload index` (v1.2)",
+                url=self.url,
+                offset=comp.offset - BLOCK,
+            )
+        if header_name != comp.name and len(comp.name.encode("utf-8", "surrogateescape")) <= 100:
+            raise CorruptDataError(
+                f"index line {i + 2} names member {comp.name!r} but the tar header there "
+                f"names {header_name!r}{stale}",
+                url=self.url,
+                offset=comp.offset - BLOCK,
+            )
+        return comp.name
+
+    # ---- streaming ----------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """Yield the shard's samples in order, streaming."""
+        return self._stream(0, 0)
+
+    def iter_from(self, start: int) -> Iterator[dict[str, Any]]:
+        """Yield samples from position ``start`` on; with an index, seeks straight there."""
+        if start <= 0:
+            return self._stream(0, 0)
+        index = self._load_index()
+        if index is None:
+            return super().iter_from(start)
+        if start >= len(index):
+            return iter(())
+        last = index[start - 1][-1]
+        return self._stream(last.offset + last.size + (-last.size % BLOCK), start)
+
+    def _stream(self, offset: int, first: int) -> Iterator[dict[str, Any]]:
+        with self.store.open_reader(self.key) as stream:
+            if offset:
+                if stream.seekable():
+                    stream.seek(offset)
+                else:
+                    stream_skipper(stream)(offset)
+            yield from self._samples(stream, offset, first)
+
+    def _samples(
+        self, stream: io.BufferedIOBase, offset: int, first: int
+    ) -> Iterator[dict[str, Any]]:
+        url = self.url
+        policy = self.policy
+        raise_now = policy.on_error == "raise"
+        key: str | None = None
+        sample: dict[str, Any] | None = None
+        bad: CorruptDataError | None = None  # why the current sample will be dropped
+        lost: CorruptDataError | None = None  # a member before the next one was lost
+        position = first - 1
+        for item in scan(stream.read, stream_skipper(stream), url, start=offset):
+            if isinstance(item, Bad):
+                if raise_now:
+                    raise item.error
+                if item.fatal:
+                    policy.handle(bad or item.error)
+                    return
+                if sample is not None and bad is None:
+                    bad = item.error
+                lost = item.error
+                continue
+            name = item.name
+            exc: CorruptDataError | None = None
+            if item.kind == REGULAR:
+                dot = name.find(".", name.rfind("/") + 1)
+                if dot <= 0 or name[dot - 1] == "/":
+                    continue  # no extension, or a hidden file: not a sample component
+                k, field = name[:dot], name[dot + 1 :]
+                if name[0] == "/" or ".." in name:
+                    reason = unsafe_name_reason(name)
+                    if reason is not None:
+                        exc = CorruptDataError(
+                            f"member name {name!r} {reason}; refusing it as unsafe",
+                            url=url,
+                            offset=item.header_offset,
+                        )
+            elif item.kind == DIRECTORY:
+                continue
+            else:
+                exc = CorruptDataError(
+                    f"member {name!r} is a {item.type_name}, not a regular file; WebDataset "
+                    "shards may hold only regular files",
+                    url=url,
+                    offset=item.header_offset,
+                )
+                split = split_member_name(name)
+                if split is None:
+                    if raise_now:
+                        raise exc
+                    policy.handle(exc)
+                    continue
+                k, field = split
+            if sample is None or k != key:
+                if sample is not None:
+                    if bad is None:
+                        yield sample
+                    else:
+                        policy.handle(bad)
+                key = k
+                position += 1
+                sample = {"__key__": k, "__url__": url, "__index__": position}
+                if lost is not None:
+                    bad = CorruptDataError(
+                        f"sample {k!r} dropped: a tar header before it was corrupt ({lost})",
+                        url=url,
+                        offset=item.header_offset,
+                        key=k,
+                    )
+                    lost = None
+                else:
+                    bad = None
+            else:
+                lost = None
+            if exc is None and field in sample:
+                exc = CorruptDataError(
+                    f"field {field!r} appears twice in sample {k!r} (member {name!r}); each "
+                    "sample's members must have distinct extensions",
+                    url=url,
+                    offset=item.header_offset,
+                    key=k,
+                )
+                if field in _META:
+                    exc = CorruptDataError(
+                        f"member {name!r} uses the reserved field name {field!r}",
+                        url=url,
+                        offset=item.header_offset,
+                        key=k,
+                    )
+            if exc is not None:
+                if raise_now:
+                    raise exc
+                if bad is None:
+                    bad = exc
+                continue
+            sample[field] = item.data
+        if sample is not None:
+            if bad is None:
+                yield sample
+            else:
+                policy.handle(bad)
