@@ -1,0 +1,186 @@
+"""The W1 benchmark corpus: deterministic photo-like JPEGs in an image-folder layout.
+
+``root/<class>/<name>.jpg`` with 100 classes (``c000`` .. ``c099``). Each image is a smooth colour
+field plus oriented texture, a few shapes and sensor-like noise, mostly 500x375 (landscape) or
+375x500 (portrait), JPEG quality 90, about 97 KB on average (see /work/shared/BENCHMARKS.md).
+
+Image ``i`` depends only on ``(seed, i)``, so any count is a prefix of a larger corpus and the
+corpus is identical on every machine. Generation runs in a process pool; a finished corpus is
+marked by ``root/.complete-<count>`` and reused by later runs.
+
+Run ``python -m benchmarks.corpus --count 10000`` to (re)generate it and print its statistics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFilter
+
+__all__ = ["DEFAULT_ROOT", "NUM_CLASSES", "Corpus", "ensure_corpus", "make_image"]
+
+DEFAULT_ROOT = Path(os.environ.get("FASTLOAD_BENCH_ROOT", "/tmp/fastload-bench"))
+NUM_CLASSES = 100
+SEED = 20240607
+QUALITY = 90
+
+
+def _size(rng: np.random.Generator) -> tuple[int, int]:
+    """(width, height): 75 % 500x375, 20 % 375x500, 5 % other sizes between 240 and 640."""
+    u = rng.random()
+    if u < 0.75:
+        return 500, 375
+    if u < 0.95:
+        return 375, 500
+    return int(rng.integers(240, 641)), int(rng.integers(240, 641))
+
+
+def make_image(index: int, seed: int = SEED) -> tuple[int, bytes]:
+    """The class label and JPEG bytes of corpus image ``index`` (pure function of the arguments)."""
+    rng = np.random.default_rng([seed, index])
+    label = index % NUM_CLASSES
+    w, h = _size(rng)
+    # Smooth colour field: a coarse random grid upsampled bicubically; the class shifts the palette.
+    base = rng.normal(0.0, 1.0, size=3) * 40.0 + (
+        np.array([label * 7, label * 13, label * 29]) % 120
+    )
+    coarse = (
+        rng.random((int(rng.integers(2, 6)), int(rng.integers(2, 6)), 3)) * 150.0 + base
+    ).clip(0, 255)
+    field = np.asarray(
+        Image.fromarray(coarse.astype(np.uint8), "RGB").resize((w, h), Image.Resampling.BICUBIC),
+        dtype=np.float32,
+    )
+    # Oriented texture: a sum of a few sinusoids (fabric, foliage, waves).
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    texture = np.zeros((h, w), np.float32)
+    for _ in range(3):
+        freq = rng.uniform(0.02, 0.35)
+        angle = rng.uniform(0, np.pi)
+        phase = rng.uniform(0, 2 * np.pi)
+        texture += rng.uniform(3.0, 12.0) * np.sin(
+            freq * (np.cos(angle) * xx + np.sin(angle) * yy) + phase
+        )
+    img = field + texture[..., None] * rng.uniform(0.5, 1.0, size=3).astype(np.float32)
+    pil = Image.fromarray(img.clip(0, 255).astype(np.uint8), "RGB")
+    # Shapes with soft edges: objects in the scene.
+    draw = ImageDraw.Draw(pil)
+    for _ in range(int(rng.integers(3, 9))):
+        x0, y0 = int(rng.integers(-w // 4, w)), int(rng.integers(-h // 4, h))
+        x1, y1 = x0 + int(rng.integers(20, w // 2)), y0 + int(rng.integers(20, h // 2))
+        colour = tuple(int(c) for c in rng.integers(0, 256, size=3))
+        if rng.random() < 0.5:
+            draw.ellipse((x0, y0, x1, y1), fill=colour)
+        else:
+            draw.rectangle((x0, y0, x1, y1), fill=colour)
+    pil = pil.filter(ImageFilter.GaussianBlur(radius=float(rng.uniform(0.4, 1.2))))
+    # Sensor-like noise (sets most of the file size, like real photos' fine detail).
+    arr = np.asarray(pil, dtype=np.float32)
+    sigma = float(rng.uniform(4.0, 36.0))
+    noise = rng.standard_normal((h, w, 1), dtype=np.float32) * sigma
+    noise = noise + rng.standard_normal((h, w, 3), dtype=np.float32) * (sigma / 3)
+    arr = (arr + noise).clip(0, 255).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr, "RGB").save(buf, format="JPEG", quality=QUALITY)
+    return label, buf.getvalue()
+
+
+def _relpath(index: int) -> str:
+    return f"c{index % NUM_CLASSES:03d}/img{index:07d}.jpg"
+
+
+def _write_range(args: tuple[str, int, int, int]) -> int:
+    root, start, stop, seed = args
+    total = 0
+    for i in range(start, stop):
+        path = Path(root) / _relpath(i)
+        if path.exists():
+            total += path.stat().st_size
+            continue
+        _, data = make_image(i, seed)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(data)
+        tmp.rename(path)
+        total += len(data)
+    return total
+
+
+class Corpus:
+    """A generated corpus on disk.
+
+    Attributes:
+        root: The image-folder root (``root/<class>/<name>.jpg``).
+        count: Number of images.
+    """
+
+    def __init__(self, root: Path, count: int) -> None:
+        self.root = root
+        self.count = count
+
+    def files(self) -> list[tuple[str, int]]:
+        """``(absolute path, label)`` for every image, in index order."""
+        return [(str(self.root / _relpath(i)), i % NUM_CLASSES) for i in range(self.count)]
+
+    def total_bytes(self) -> int:
+        """Sum of the JPEG file sizes in bytes."""
+        return sum(os.path.getsize(p) for p, _ in self.files())
+
+
+def ensure_corpus(
+    count: int = 10_000,
+    root: Path | str | None = None,
+    *,
+    seed: int = SEED,
+    processes: int | None = None,
+    verbose: bool = True,
+) -> Corpus:
+    """Generate (or reuse) a corpus of ``count`` images under ``root`` and return it.
+
+    The default root is ``$FASTLOAD_BENCH_ROOT/w1-<seed>`` (``/tmp/fastload-bench/w1-<seed>``).
+    Existing images are kept, so growing a corpus only generates the new ones. Not safe to run
+    twice concurrently on the same root.
+    """
+    base = Path(root) if root is not None else DEFAULT_ROOT / f"w1-{seed}"
+    marker = base / f".complete-{count}"
+    if marker.exists():
+        return Corpus(base, count)
+    for c in range(NUM_CLASSES):
+        (base / f"c{c:03d}").mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    step = 100
+    jobs = [(str(base), s, min(s + step, count), seed) for s in range(0, count, step)]
+    with ProcessPoolExecutor(max_workers=processes or os.cpu_count() or 1) as pool:
+        total = sum(pool.map(_write_range, jobs))
+    if verbose:
+        dt = time.perf_counter() - t0
+        print(
+            f"corpus: {count} images, {total / 1e6:.1f} MB (mean {total / max(count, 1) / 1e3:.1f} KB)"
+            f" at {base} in {dt:.1f} s"
+        )
+    marker.write_text(json.dumps({"count": count, "bytes": total, "seed": seed}))
+    return Corpus(base, count)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, default=10_000)
+    parser.add_argument("--root", default=None)
+    args = parser.parse_args(argv)
+    corpus = ensure_corpus(args.count, args.root)
+    sizes = np.array([os.path.getsize(p) for p, _ in corpus.files()])
+    print(
+        f"{corpus.count} images, mean {sizes.mean() / 1e3:.1f} KB, min {sizes.min() / 1e3:.1f} KB,"
+        f" max {sizes.max() / 1e3:.1f} KB, total {sizes.sum() / 1e6:.1f} MB"
+    )
+
+
+if __name__ == "__main__":
+    main()
