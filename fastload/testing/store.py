@@ -1,0 +1,634 @@
+"""The conformance suite every :class:`~fastload.storage.Store` backend and wrapper must pass.
+
+Subclass :class:`StoreTests` in a test module and provide a ``store`` fixture that returns a
+writable store over a fresh, *empty* namespace for each test (a temporary directory, a unique
+``memory://`` name, a unique S3 prefix)::
+
+    class TestLocalStore(StoreTests):
+        @pytest.fixture
+        def store(self, tmp_path):
+            return LocalStore(tmp_path / "root")
+
+        def read_only_view(self, store):
+            return LocalStore(store.root, read_only=True)
+
+What a backend cannot do it declares with the store's capability flags
+(``supports_listing``, ``shared_across_processes``, ...); the tests that need a capability skip
+when the flag is off. Never disable a test of this suite by overriding it.
+
+The multi-process tests pickle the store into ``spawn``-ed processes, so the store (and any
+store it wraps) must be importable and picklable by reference, as stores that users hand to
+DataLoader workers are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import multiprocessing
+import pickle
+import random
+import threading
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.pool import Pool
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fastload.errors import (
+    InvalidKeyError,
+    InvalidRangeError,
+    ObjectNotFoundError,
+    ReadOnlyStoreError,
+)
+from fastload.storage import ByteRange, MemoryStore, ObjectMeta, Store
+
+__all__ = ["INVALID_KEYS", "StoreTests"]
+
+MiB = 1024 * 1024
+
+#: Keys every store must reject with :class:`~fastload.errors.InvalidKeyError`.
+INVALID_KEYS: tuple[str, ...] = (
+    "",
+    "/absolute",
+    "/",
+    "..",
+    ".",
+    "../escape",
+    "a/../../escape",
+    "a/./b",
+    "a//b",
+    "trailing/",
+    "nul\x00byte",
+)
+
+
+def _payload(size: int, seed: int = 0) -> bytes:
+    """Deterministic, non-repeating-looking bytes (so a shifted range cannot match by luck)."""
+    return random.Random(seed).randbytes(size)
+
+
+def _digest(parts: list[bytes]) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return h.hexdigest()
+
+
+# ---- functions run in spawned processes (module level, so they pickle by reference) -----------
+
+
+def _child_read_ranges(store: Store, jobs: list[tuple[str, int, int]], rounds: int) -> str:
+    parts: list[bytes] = []
+    for _ in range(rounds):
+        for key, start, end in jobs:
+            parts.append(store.get(key, ByteRange(start, end)))
+    return _digest(parts)
+
+
+def _child_read_whole(store: Store, keys: list[str]) -> dict[str, str]:
+    return {key: hashlib.sha256(store.get(key)).hexdigest() for key in keys}
+
+
+def _child_put(store: Store, key: str, data: bytes) -> int:
+    store.put(key, data)
+    return len(data)
+
+
+class StoreTests:
+    """Conformance tests for one store implementation; subclass and provide ``store``."""
+
+    #: Size of the "large" object of the round-trip tests; backends with slow writes may lower it.
+    large_size: int = 3 * MiB + 7
+    #: Number of keys of the listing test.
+    many_keys: int = 300
+    #: Processes of the concurrent multi-process read test.
+    reader_processes: int = 3
+
+    # ---- what a subclass provides -----------------------------------------------------------
+
+    @pytest.fixture
+    def store(self) -> Store:
+        """A writable store over a fresh, empty namespace. Subclasses must override this."""
+        raise NotImplementedError(f"{type(self).__name__} must define a `store` fixture")
+
+    def read_only_view(self, store: Store) -> Store | None:
+        """A read-only store over the same objects as ``store``, or None if there is no such mode."""
+        return None
+
+    # ---- helpers ----------------------------------------------------------------------------
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def process_pool(cls) -> Iterator[Pool]:
+        """``reader_processes`` spawned processes, shared by the tests of one subclass."""
+        ctx = multiprocessing.get_context("spawn")
+        pool = ctx.Pool(cls.reader_processes)
+        try:
+            yield pool
+        finally:
+            pool.terminate()
+            pool.join()
+
+    @staticmethod
+    def _need_listing(store: Store) -> None:
+        if not store.supports_listing:
+            pytest.skip(f"{type(store).__name__} does not support listing (supports_listing)")
+
+    # ---- basics -----------------------------------------------------------------------------
+
+    def test_capabilities_and_url(self, store: Store) -> None:
+        for flag in (
+            "supports_writes",
+            "supports_range_reads",
+            "supports_listing",
+            "has_local_paths",
+            "shared_across_processes",
+        ):
+            assert isinstance(getattr(store, flag), bool), flag
+        assert store.supports_writes, "the `store` fixture must return a writable store"
+        assert isinstance(store.url, str)
+        assert "://" in store.url
+        assert store.child_url("a/b").endswith("/a/b")
+
+    def test_new_store_is_empty(self, store: Store) -> None:
+        self._need_listing(store)
+        assert store.list_keys() == []
+
+    @pytest.mark.parametrize("size", [0, 1, 4097])
+    def test_put_get_roundtrip(self, store: Store, size: int) -> None:
+        data = _payload(size, seed=size)
+        store.put("obj", data)
+        got = store.get("obj")
+        assert type(got) is bytes
+        assert got == data
+        assert store.head("obj").size == size
+
+    def test_put_get_large(self, store: Store) -> None:
+        data = _payload(self.large_size, seed=1)
+        store.put("dir/large.bin", data)
+        assert store.get("dir/large.bin") == data
+        assert store.size("dir/large.bin") == self.large_size
+
+    def test_put_accepts_bytearray_and_memoryview(self, store: Store) -> None:
+        buf = bytearray(b"0123456789")
+        store.put("ba", buf)
+        store.put("mv", memoryview(buf)[2:6])
+        buf[:] = b"xxxxxxxxxx"  # the store must have copied the data
+        assert store.get("ba") == b"0123456789"
+        assert store.get("mv") == b"2345"
+
+    def test_overwrite_replaces(self, store: Store) -> None:
+        store.put("k", b"first version, longer")
+        store.put("k", b"second")
+        assert store.get("k") == b"second"
+        assert store.head("k").size == 6
+
+    @pytest.mark.parametrize(
+        "key",
+        [
+            "plain",
+            "a/b/c/d/e/deep.bin",
+            "ünïcödé/файл/数据.txt",
+            "emoji-😀.bin",
+            "spaces and+plus=eq&amp%25.bin",
+            ".hidden",
+            "a/..dots../b...",
+            "x" * 200,
+        ],
+    )
+    def test_valid_keys_roundtrip(self, store: Store, key: str) -> None:
+        data = key.encode("utf-8")
+        store.put(key, data)
+        assert store.get(key) == data
+        assert store.head(key).key == key
+        if store.supports_listing:
+            assert store.list_keys() == [key]
+        store.delete(key)
+        assert not store.exists(key)
+
+    @pytest.mark.parametrize("key", INVALID_KEYS)
+    def test_invalid_keys_rejected(self, store: Store, key: str) -> None:
+        calls = {
+            "get": lambda: store.get(key),
+            "get range": lambda: store.get(key, ByteRange(0, 1)),
+            "head": lambda: store.head(key),
+            "put": lambda: store.put(key, b"x"),
+            "open_writer": lambda: store.open_writer(key),
+            "delete": lambda: store.delete(key),
+        }
+        for name, call in calls.items():
+            with pytest.raises(InvalidKeyError) as info:
+                call()
+            assert isinstance(info.value, ValueError), name
+        if store.supports_listing:
+            assert store.list_keys() == [], "a rejected key must not write anything"
+
+    # ---- ranges -----------------------------------------------------------------------------
+
+    def test_get_range_matches_slicing(self, store: Store) -> None:
+        size = 10_000
+        data = _payload(size, seed=2)
+        store.put("ranged", data)
+
+        @settings(max_examples=60, deadline=None)
+        @given(start=st.integers(0, size), length=st.integers(0, size))
+        def check(start: int, length: int) -> None:
+            end = min(size, start + length)
+            got = store.get("ranged", ByteRange(start, end))
+            assert type(got) is bytes
+            assert got == data[start:end]
+
+        check()
+        # The edges, explicitly.
+        assert store.get("ranged", ByteRange(0, 0)) == b""
+        assert store.get("ranged", ByteRange(size, size)) == b""
+        assert store.get("ranged", ByteRange(0, size)) == data
+        assert store.get("ranged", ByteRange(size - 1, size)) == data[-1:]
+
+    def test_range_on_empty_object(self, store: Store) -> None:
+        store.put("empty", b"")
+        assert store.get("empty", ByteRange(0, 0)) == b""
+        with pytest.raises(InvalidRangeError, match=r"\b0 bytes"):
+            store.get("empty", ByteRange(0, 1))
+
+    @pytest.mark.parametrize(("start", "end"), [(0, 101), (100, 101), (99, 200), (150, 160)])
+    def test_range_past_end_names_size(self, store: Store, start: int, end: int) -> None:
+        store.put("hundred", _payload(100))
+        with pytest.raises(InvalidRangeError, match=r"\b100 bytes") as info:
+            store.get("hundred", ByteRange(start, end))
+        assert isinstance(info.value, ValueError)
+        assert "hundred" in str(info.value)
+
+    def test_empty_range_past_end_is_an_error(self, store: Store) -> None:
+        store.put("hundred", _payload(100))
+        with pytest.raises(InvalidRangeError, match=r"\b100 bytes"):
+            store.get("hundred", ByteRange(150, 150))
+
+    def test_malformed_ranges(self) -> None:
+        with pytest.raises(InvalidRangeError):
+            ByteRange(-1, 3)
+        with pytest.raises(InvalidRangeError):
+            ByteRange(5, 4)
+        assert ByteRange.from_length(3, 4) == ByteRange(3, 7)
+        assert ByteRange(3, 7).length == 4
+
+    def test_get_ranges(self, store: Store) -> None:
+        size = 3000
+        data = _payload(size, seed=3)
+        store.put("multi", data)
+        ranges = [
+            ByteRange(2000, 2100),  # unsorted
+            ByteRange(0, 10),
+            ByteRange(5, 50),  # overlaps the previous one
+            ByteRange(5, 50),  # duplicate
+            ByteRange(60, 60),  # empty
+            ByteRange(2990, 3000),  # reaches the end exactly
+            ByteRange(0, 3000),  # everything
+        ]
+        for coalesce in (0, 100, 1 << 20):
+            got = store.get_ranges("multi", ranges, coalesce=coalesce)
+            assert got == [data[r.start : r.end] for r in ranges], coalesce
+            assert all(type(g) is bytes for g in got)
+        assert store.get_ranges("multi", []) == []
+        with pytest.raises(InvalidRangeError, match=r"\b3000 bytes"):
+            store.get_ranges("multi", [ByteRange(0, 1), ByteRange(2999, 3001)])
+        with pytest.raises(ObjectNotFoundError):
+            store.get_ranges("missing", [ByteRange(0, 1)])
+
+    def test_get_ranges_property(self, store: Store) -> None:
+        size = 2300
+        data = _payload(size, seed=4)
+        store.put("o", data)
+
+        @settings(max_examples=30, deadline=None)
+        @given(
+            spans=st.lists(st.tuples(st.integers(0, size), st.integers(0, 300)), max_size=12),
+            coalesce=st.sampled_from([0, 64, 4096]),
+        )
+        def check(spans: list[tuple[int, int]], coalesce: int) -> None:
+            ranges = [ByteRange(s, min(size, s + n)) for s, n in spans]
+            assert store.get_ranges("o", ranges, coalesce=coalesce) == [
+                data[r.start : r.end] for r in ranges
+            ]
+
+        check()
+
+    # ---- metadata ---------------------------------------------------------------------------
+
+    def test_head(self, store: Store) -> None:
+        store.put("h", b"abc")
+        meta = store.head("h")
+        assert isinstance(meta, ObjectMeta)
+        assert (meta.key, meta.size) == ("h", 3)
+        assert meta.mtime is None or isinstance(meta.mtime, float)
+        store.put("h", b"abcdefg")
+        meta2 = store.head("h")
+        assert meta2.size == 7
+        if meta.etag is not None:
+            assert meta2.etag is not None
+            assert meta2.etag != meta.etag, "the etag must change when the content changes"
+
+    # ---- listing ----------------------------------------------------------------------------
+
+    LIST_KEYS = ("a/b/c", "a/b/d/e", "a/bc", "a/b-1", "a-b", "a0", "ab", "b")
+
+    def test_list_prefix_semantics(self, store: Store) -> None:
+        self._need_listing(store)
+        for i, key in enumerate(self.LIST_KEYS):
+            store.put(key, b"x" * i)
+        expected = sorted(self.LIST_KEYS)
+        assert store.list_keys() == expected
+        assert store.list_keys("a/b") == ["a/b-1", "a/b/c", "a/b/d/e", "a/bc"]
+        assert store.list_keys("a/b/") == ["a/b/c", "a/b/d/e"]
+        assert store.list_keys("a/b/d/e") == ["a/b/d/e"]
+        assert store.list_keys("a") == [k for k in expected if k.startswith("a")]
+        assert store.list_keys("a/x") == []
+        assert store.list_keys("zzz") == []
+        metas = {m.key: m for m in store.list()}
+        for i, key in enumerate(self.LIST_KEYS):
+            assert metas[key].size == i
+        assert store.list_keys("../") == []  # must not escape the namespace
+
+    def test_list_many_keys(self, store: Store) -> None:
+        self._need_listing(store)
+        keys = [f"many/{i % 7}/item-{i:04d}" for i in range(self.many_keys)]
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda k: store.put(k, k.encode()), keys))
+        assert store.list_keys("many/") == sorted(keys)
+        assert store.list_keys("many/3/") == sorted(k for k in keys if k.startswith("many/3/"))
+        assert sum(m.size for m in store.list("many")) == sum(len(k) for k in keys)
+
+    # ---- missing keys and deletion ------------------------------------------------------------
+
+    def test_missing_key(self, store: Store) -> None:
+        calls = {
+            "get": lambda: store.get("no/such/key"),
+            "get range": lambda: store.get("no/such/key", ByteRange(0, 1)),
+            "head": lambda: store.head("no/such/key"),
+            "delete": lambda: store.delete("no/such/key"),
+            "open_reader": lambda: store.open_reader("no/such/key").read(),
+        }
+        for name, call in calls.items():
+            with pytest.raises(ObjectNotFoundError) as info:
+                call()
+            assert isinstance(info.value, FileNotFoundError), name
+            assert "no/such/key" in str(info.value), name
+        assert not store.exists("no/such/key")
+
+    def test_prefix_of_a_key_is_not_an_object(self, store: Store) -> None:
+        store.put("dir/obj", b"1")
+        assert not store.exists("dir")
+        with pytest.raises(ObjectNotFoundError):
+            store.get("dir")
+        with pytest.raises(ObjectNotFoundError):
+            store.head("dir")
+
+    def test_delete(self, store: Store) -> None:
+        store.put("gone/soon", b"1")
+        store.put("gone/stays", b"2")
+        store.delete("gone/soon")
+        assert not store.exists("gone/soon")
+        assert store.get("gone/stays") == b"2"
+        with pytest.raises(ObjectNotFoundError):
+            store.delete("gone/soon")
+        if store.supports_listing:
+            assert store.list_keys() == ["gone/stays"]
+        store.delete_many(["gone/stays", "never/existed"])
+        assert not store.exists("gone/stays")
+        if store.supports_listing:
+            assert store.list_keys() == []
+
+    # ---- atomicity ----------------------------------------------------------------------------
+
+    def test_put_is_atomic_for_concurrent_readers(self, store: Store) -> None:
+        sizes = [64 * 1024, 512 * 1024, 200 * 1024 + 3]
+        versions = [bytes([v]) * sizes[v % len(sizes)] for v in range(1, 25)]
+        store.put("atomic", versions[0])
+        done = threading.Event()
+        seen: list[int] = []
+        errors: list[str] = []
+
+        def reader() -> None:
+            while not done.is_set() or not seen:
+                data = store.get("atomic")
+                v = data[0] if data else -1
+                if v < 1 or data != versions[v - 1]:
+                    errors.append(f"partial or mixed object: {len(data)} bytes, first byte {v}")
+                    return
+                seen.append(v)
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        try:
+            for data in versions[1:]:
+                store.put("atomic", data)
+        finally:
+            done.set()
+            thread.join(60)
+        assert not errors, errors[0]
+        assert seen
+        assert store.get("atomic") == versions[-1]
+
+    # ---- streamed writes ----------------------------------------------------------------------
+
+    def test_open_writer_commits_on_success(self, store: Store) -> None:
+        parts = [_payload(1000, seed=i) for i in range(5)]
+        with store.open_writer("stream/obj") as writer:
+            for part in parts:
+                assert writer.write(part) == len(part)
+                assert not store.exists("stream/obj"), "visible before commit"
+            writer.write(b"")
+            assert writer.tell() == 5000
+            if store.supports_listing:
+                assert store.list_keys() == []
+        assert writer.closed
+        assert store.get("stream/obj") == b"".join(parts)
+
+    def test_open_writer_accepts_memoryview(self, store: Store) -> None:
+        with store.open_writer("mv") as writer:
+            writer.write(memoryview(b"abcdef")[1:4])
+            writer.write(bytearray(b"xyz"))
+        assert store.get("mv") == b"bcdxyz"
+
+    def test_open_writer_exception_leaves_nothing(self, store: Store) -> None:
+        with pytest.raises(RuntimeError, match="boom"), store.open_writer("fail/new") as writer:
+            writer.write(b"partial data")
+            raise RuntimeError("boom")
+        assert writer.closed
+        assert not store.exists("fail/new")
+        # Over an existing object, the old object stays whole.
+        store.put("fail/old", b"old content")
+        with pytest.raises(RuntimeError, match="boom"), store.open_writer("fail/old") as writer:
+            writer.write(b"new")
+            raise RuntimeError("boom")
+        assert store.get("fail/old") == b"old content"
+        if store.supports_listing:
+            assert store.list_keys() == ["fail/old"]
+
+    def test_open_writer_abort(self, store: Store) -> None:
+        writer = store.open_writer("aborted")
+        writer.write(b"data")
+        writer.abort()
+        writer.abort()  # idempotent
+        assert writer.closed
+        assert not store.exists("aborted")
+        with pytest.raises(ValueError, match="committed or aborted"):
+            writer.write(b"more")
+        writer.commit()  # a no-op once closed
+        assert not store.exists("aborted")
+        if store.supports_listing:
+            assert store.list_keys() == []
+
+    def test_open_writer_empty_object(self, store: Store) -> None:
+        writer = store.open_writer("empty")
+        writer.commit()
+        assert store.get("empty") == b""
+
+    # ---- streamed reads -----------------------------------------------------------------------
+
+    def test_open_reader_streams_and_seeks(self, store: Store) -> None:
+        data = _payload(300_000, seed=5)
+        store.put("reader", data)
+        with store.open_reader("reader", chunk_size=4096) as reader:
+            assert reader.readable()
+            assert reader.read(10) == data[:10]
+            chunks = [reader.read(50_000)]
+            assert reader.tell() == 50_010
+            chunks.append(reader.read())
+            assert data[10:] == b"".join(chunks)
+            assert reader.read(5) == b""
+            assert reader.seekable()
+            assert reader.seek(1234) == 1234
+            assert reader.read(100) == data[1234:1334]
+            assert reader.seek(-100, io.SEEK_END) == len(data) - 100
+            assert reader.read() == data[-100:]
+            reader.seek(10)
+            assert reader.seek(5, io.SEEK_CUR) == 15
+            buf = bytearray(20)
+            assert reader.readinto(buf) == 20
+            assert bytes(buf) == data[15:35]
+
+    def test_open_reader_empty_object(self, store: Store) -> None:
+        store.put("empty", b"")
+        with store.open_reader("empty") as reader:
+            assert reader.read() == b""
+
+    # ---- conveniences -------------------------------------------------------------------------
+
+    def test_conveniences(self, store: Store) -> None:
+        store.put_text("t/text", "grüße ✓")
+        assert store.get("t/text") == "grüße ✓".encode()
+        assert store.get_text("t/text") == "grüße ✓"
+        store.put_text("t/latin", "é", encoding="latin-1")
+        assert store.get("t/latin") == b"\xe9"
+        assert store.get_text("t/latin", encoding="latin-1") == "é"
+        assert store.exists("t/text")
+        assert not store.exists("t/none")
+        assert store.size("t/text") == len("grüße ✓".encode())
+        if store.supports_listing:
+            assert store.list_keys("t/") == ["t/latin", "t/text"]
+        path = store.local_path("t/text")
+        if store.has_local_paths:
+            assert path is not None
+            with open(path, "rb") as f:
+                assert f.read() == "grüße ✓".encode()
+        else:
+            assert path is None
+
+    def test_copy_to_between_stores(self, store: Store) -> None:
+        data = _payload(100_000, seed=6)
+        other = MemoryStore(f"copy-{uuid.uuid4().hex}")
+        try:
+            store.put("src/obj", data)
+            assert store.copy_to("src/obj", other, chunk_size=7000) == len(data)
+            assert other.get("src/obj") == data
+            other.put("incoming", data[::-1])
+            assert other.copy_to("incoming", store, "dst/in", chunk_size=6000) == len(data)
+            assert store.get("dst/in") == data[::-1]
+            assert store.copy_to("src/obj", store, "same/copy") == len(data)
+            assert store.get("same/copy") == data
+        finally:
+            other.delete_many(other.list_keys())
+
+    # ---- read-only mode -----------------------------------------------------------------------
+
+    def test_read_only_view_refuses_writes(self, store: Store) -> None:
+        store.put("ro/obj", b"content")
+        view = self.read_only_view(store)
+        if view is None:
+            pytest.skip(f"{type(self).__name__} defines no read_only_view")
+        assert not view.supports_writes
+        assert view.get("ro/obj") == b"content"
+        assert view.head("ro/obj").size == 7
+        calls = {
+            "put": lambda: view.put("ro/obj", b"x"),
+            "put new": lambda: view.put("ro/new", b"x"),
+            "put_text": lambda: view.put_text("ro/new", "x"),
+            "open_writer": lambda: view.open_writer("ro/new"),
+            "delete": lambda: view.delete("ro/obj"),
+        }
+        for name, call in calls.items():
+            with pytest.raises(ReadOnlyStoreError) as info:
+                call()
+            assert isinstance(info.value, PermissionError), name
+        assert store.get("ro/obj") == b"content"
+        assert not store.exists("ro/new")
+
+    # ---- pickling and processes ---------------------------------------------------------------
+
+    def test_pickle_roundtrip(self, store: Store) -> None:
+        store.put("p/obj", b"pickled")
+        blob = pickle.dumps(store)
+        copy = pickle.loads(blob)
+        assert type(copy) is type(store)
+        assert copy.url == store.url
+        assert copy.get("p/obj") == b"pickled"
+        # In the same process, the copy and the original are the same namespace.
+        copy.put("p/from-copy", b"1")
+        assert store.get("p/from-copy") == b"1"
+        if store.shared_across_processes:
+            # Pickles by configuration, not by content: cheap to send to every worker.
+            store.put("p/big", bytes(1 << 20))
+            assert len(pickle.dumps(store)) < 64 * 1024
+
+    def test_spawned_processes_read_concurrently(self, store: Store, process_pool: Pool) -> None:
+        rng = random.Random(7)
+        objects = {f"mp/{i}": _payload(200_000 + i, seed=10 + i) for i in range(3)}
+        for key, data in objects.items():
+            store.put(key, data)
+        keys = sorted(objects)
+        whole = process_pool.apply_async(_child_read_whole, (store, keys)).get(120)
+        assert whole == {k: hashlib.sha256(objects[k]).hexdigest() for k in keys}
+        jobs_per_proc: list[list[tuple[str, int, int]]] = []
+        for _ in range(self.reader_processes):
+            jobs = []
+            for _ in range(50):
+                key = rng.choice(keys)
+                start = rng.randrange(len(objects[key]))
+                jobs.append((key, start, min(len(objects[key]), start + rng.randrange(1, 20_000))))
+            jobs_per_proc.append(jobs)
+        rounds = 4
+        results = [
+            process_pool.apply_async(_child_read_ranges, (store, jobs, rounds))
+            for jobs in jobs_per_proc
+        ]
+        for jobs, result in zip(jobs_per_proc, results):
+            expected = _digest([objects[k][s:e] for _ in range(rounds) for k, s, e in jobs])
+            assert result.get(120) == expected
+
+    def test_spawned_process_writes_are_visible(self, store: Store, process_pool: Pool) -> None:
+        if not store.shared_across_processes:
+            pytest.skip(
+                f"{type(store).__name__} copies in other processes are snapshots "
+                "(shared_across_processes is False)"
+            )
+        data = _payload(50_000, seed=8)
+        assert process_pool.apply_async(_child_put, (store, "mp/written", data)).get(120) == len(
+            data
+        )
+        assert store.get("mp/written") == data
