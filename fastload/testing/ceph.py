@@ -1,0 +1,268 @@
+"""Start or reuse the local single-node Ceph cluster (``tools/ceph-up.sh``) from tests and benchmarks.
+
+:func:`ceph_cluster` is a context manager yielding the S3 endpoint and credentials of the cluster
+in ``$CEPH_RUN`` (default ``/tmp/fastload-ceph``). It reuses a cluster that already answers, starts
+one otherwise, and on exit stops the cluster only if a fastload test session started it and no other
+live process still uses it (users are counted with files under ``$CEPH_RUN/users``, guarded by a lock
+file), so parallel test runs on one machine share one cluster safely. A cluster started by hand with
+``tools/ceph-up.sh`` is never stopped here.
+
+Needs the Debian packages ``ceph-mon ceph-osd radosgw ceph-common``; :func:`ceph_missing` says which
+programs are absent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import http.client
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from fastload.errors import FastloadError
+
+__all__ = [
+    "INSTALL_HINT",
+    "CephS3",
+    "CephStartError",
+    "acquire",
+    "ceph_cluster",
+    "ceph_missing",
+    "release",
+    "run_dir",
+    "tools_dir",
+]
+
+#: What to run when the cluster cannot be started.
+INSTALL_HINT = (
+    "apt-get install -y --no-install-recommends ceph-mon ceph-osd radosgw ceph-common, "
+    "then tools/ceph-up.sh"
+)
+_PROGRAMS = ("ceph-mon", "ceph-osd", "radosgw", "radosgw-admin", "ceph", "ceph-authtool")
+
+
+class CephStartError(FastloadError, RuntimeError):
+    """The local Ceph cluster could not be started; the message has the script's output."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CephS3:
+    """The S3 side of a running local cluster.
+
+    Attributes:
+        endpoint_url: ``http://127.0.0.1:PORT`` of radosgw (use path-style addressing).
+        access_key_id: The S3 user's access key.
+        secret_access_key: The S3 user's secret key (hidden from ``repr``).
+        region: Any region works with RGW; this one is what ``s3.env`` exports.
+        run_dir: The cluster's ``$CEPH_RUN`` directory (config, logs, pids).
+        started: True if this process started the cluster.
+    """
+
+    endpoint_url: str
+    access_key_id: str
+    secret_access_key: str = dataclasses.field(repr=False)
+    region: str = "us-east-1"
+    run_dir: str = ""
+    started: bool = False
+
+    def store_options(self) -> dict[str, Any]:
+        """Keyword options for ``open_store("s3://bucket/prefix", **options)``."""
+        return {
+            "endpoint_url": self.endpoint_url,
+            "region": self.region,
+            "access_key_id": self.access_key_id,
+            "secret_access_key": self.secret_access_key,
+        }
+
+    def client(self, **config: Any) -> Any:
+        """A boto3 S3 client for this cluster (path-style); ``config`` goes to botocore's Config."""
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name=self.region,
+            aws_access_key_id=self.access_key_id,
+            aws_secret_access_key=self.secret_access_key,
+            config=Config(s3={"addressing_style": "path"}, **config),
+        )
+
+
+def run_dir() -> Path:
+    """The cluster directory: ``$CEPH_RUN`` or ``/tmp/fastload-ceph``."""
+    return Path(os.environ.get("CEPH_RUN", "/tmp/fastload-ceph"))
+
+
+def tools_dir() -> Path:
+    """Where ``ceph-up.sh``/``ceph-down.sh`` live: ``$FASTLOAD_TOOLS`` or the checkout's ``tools/``."""
+    env = os.environ.get("FASTLOAD_TOOLS")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "tools"
+
+
+def ceph_missing() -> list[str]:
+    """The Ceph programs the scripts need that are not on ``PATH`` (empty when all are there)."""
+    return [p for p in _PROGRAMS if shutil.which(p) is None]
+
+
+def _answers(endpoint_url: str, timeout: float = 2.0) -> bool:
+    parts = urlsplit(endpoint_url)
+    conn = http.client.HTTPConnection(
+        parts.hostname or "127.0.0.1", parts.port or 80, timeout=timeout
+    )
+    try:
+        conn.request("GET", "/")
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        conn.close()
+
+
+def _parse_env(text: str) -> dict[str, str]:
+    env = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("export ") and "=" in line:
+            name, _, value = line[len("export ") :].partition("=")
+            env[name.strip()] = value.strip()
+    return env
+
+
+def _cluster_from_env(env: dict[str, str], run: Path, started: bool) -> CephS3:
+    try:
+        return CephS3(
+            endpoint_url=env["S3_ENDPOINT_URL"],
+            access_key_id=env["AWS_ACCESS_KEY_ID"],
+            secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+            region=env.get("AWS_DEFAULT_REGION", "us-east-1"),
+            run_dir=str(run),
+            started=started,
+        )
+    except KeyError as exc:
+        raise CephStartError(f"{run}/s3.env lacks {exc.args[0]}; run tools/ceph-down.sh") from None
+
+
+def _running(run: Path) -> CephS3 | None:
+    env_file = run / "s3.env"
+    if not env_file.is_file():
+        return None
+    cluster = _cluster_from_env(_parse_env(env_file.read_text()), run, started=False)
+    return cluster if _answers(cluster.endpoint_url) else None
+
+
+def _script(name: str) -> Path:
+    path = tools_dir() / name
+    if not path.is_file():
+        raise CephStartError(
+            f"{path} not found; run from a fastload checkout or set FASTLOAD_TOOLS to its tools/"
+        )
+    return path
+
+
+def _run_script(name: str, run: Path, timeout: float) -> str:
+    env = {**os.environ, "CEPH_RUN": str(run)}
+    try:
+        proc = subprocess.run(
+            ["bash", str(_script(name))],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise CephStartError(f"{name} did not finish within {timeout} s (logs: {run}/log)") from exc
+    if proc.returncode != 0:
+        raise CephStartError(
+            f"{name} failed with exit code {proc.returncode}:\n{proc.stderr.strip()}\n"
+            f"(logs: {run}/log; to fix: {INSTALL_HINT})"
+        )
+    return proc.stdout
+
+
+def _live(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def _locked(run: Path) -> Iterator[None]:
+    lock = run.parent / f".{run.name}.lock"
+    with open(lock, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _users(run: Path) -> list[int]:
+    users = run / "users"
+    live = []
+    for entry in users.glob("*") if users.is_dir() else ():
+        pid = int(entry.name) if entry.name.isdigit() else -1
+        if pid > 0 and _live(pid):
+            live.append(pid)
+        else:
+            entry.unlink(missing_ok=True)
+    return live
+
+
+def acquire(start_timeout: float = 180.0) -> CephS3:
+    """Reuse the running cluster or start one, and count this process as a user.
+
+    Raises:
+        CephStartError: The programs are missing or ``ceph-up.sh`` failed (message has its output).
+    """
+    run = run_dir()
+    run.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(run):
+        cluster = _running(run)
+        if cluster is None:
+            missing = ceph_missing()
+            if missing:
+                raise CephStartError(f"{', '.join(missing)} not found on PATH; {INSTALL_HINT}")
+            out = _run_script("ceph-up.sh", run, start_timeout)
+            cluster = _cluster_from_env(_parse_env(out), run, started=True)
+            (run / "fixture-started").touch()
+        (run / "users").mkdir(exist_ok=True)
+        (run / "users" / str(os.getpid())).touch()
+        return cluster
+
+
+def release(cluster: CephS3, stop_timeout: float = 120.0) -> None:
+    """Stop counting this process; stop the cluster if a test session started it and it is unused."""
+    run = Path(cluster.run_dir)
+    if not run.is_dir():
+        return
+    with _locked(run):
+        (run / "users" / str(os.getpid())).unlink(missing_ok=True)
+        if (run / "fixture-started").exists() and not _users(run):
+            _run_script("ceph-down.sh", run, stop_timeout)
+
+
+@contextlib.contextmanager
+def ceph_cluster() -> Iterator[CephS3]:
+    """Yield the local cluster's S3 endpoint and credentials; see the module docstring.
+
+    Raises:
+        CephStartError: The cluster could not be started.
+    """
+    cluster = acquire()
+    try:
+        yield cluster
+    finally:
+        release(cluster)

@@ -1,0 +1,59 @@
+"""Shared fixtures: the local Ceph cluster's S3 endpoint (``ceph_s3``) and a fresh bucket per test.
+
+The cluster is reused when one answers (``tools/ceph-up.sh`` run by hand or by another test
+session) and otherwise started once per session; it is stopped at the end only if this session
+started it and no other session still uses it (see :mod:`fastload.testing.ceph`). Without the Ceph
+programs the tests that use these fixtures skip with the command to fix it, and fail under
+``CI=true``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from fastload.testing import need
+from fastload.testing.ceph import INSTALL_HINT, CephS3, CephStartError, acquire, release
+
+_bucket_numbers = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def ceph_s3() -> Iterator[CephS3]:
+    """The S3 endpoint and credentials of the local Ceph cluster (started or reused)."""
+    try:
+        cluster = acquire()
+    except CephStartError as exc:
+        need("Ceph cluster", False, f"{exc}\nTo fix: {INSTALL_HINT}")
+        raise  # unreachable: need() skips or fails
+    try:
+        yield cluster
+    finally:
+        release(cluster)
+
+
+@pytest.fixture(scope="session")
+def s3_client(ceph_s3: CephS3) -> Any:
+    """A boto3 client for the cluster, for checking what the store did behind its back."""
+    return ceph_s3.client()
+
+
+@pytest.fixture
+def s3_bucket(ceph_s3: CephS3, s3_client: Any) -> Iterator[str]:
+    """A new, empty bucket for one test; its objects and uploads are deleted afterwards."""
+    name = f"fl-{os.getpid()}-{next(_bucket_numbers)}"
+    s3_client.create_bucket(Bucket=name)
+    yield name
+    for upload in s3_client.list_multipart_uploads(Bucket=name).get("Uploads", ()):
+        s3_client.abort_multipart_upload(
+            Bucket=name, Key=upload["Key"], UploadId=upload["UploadId"]
+        )
+    for page in s3_client.get_paginator("list_objects_v2").paginate(Bucket=name):
+        keys = [{"Key": obj["Key"]} for obj in page.get("Contents", ())]
+        if keys:
+            s3_client.delete_objects(Bucket=name, Delete={"Objects": keys, "Quiet": True})
+    s3_client.delete_bucket(Bucket=name)

@@ -1,0 +1,379 @@
+"""S3Store against the real Ceph RGW started by tools/ceph-up.sh (fixtures in tests/conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import traceback
+from typing import Any
+
+import pytest
+from botocore.exceptions import ResponseStreamingError
+
+from fastload.errors import (
+    InvalidArgumentError,
+    InvalidRangeError,
+    ObjectNotFoundError,
+    StoreAuthError,
+    StoreError,
+    StoreUnavailableError,
+    TransientStoreError,
+)
+from fastload.storage import ByteRange, RetryConfig, RetryStore, open_store
+from fastload.storage._s3 import MIN_PART_SIZE, S3Config, S3Store
+from fastload.testing.ceph import CephS3
+
+SECRET = "not-the-real-secret-0123456789abcdef"
+
+
+def _store(ceph: CephS3, bucket: str, prefix: str = "", **options: Any) -> S3Store:
+    return S3Store(bucket, prefix, **{**ceph.store_options(), **options})
+
+
+def _blob(n: int, seed: int = 1) -> bytes:
+    return (bytes(range(256)) * (n // 256 + 1))[seed % 256 : seed % 256 + n]
+
+
+# ---- no server needed -----------------------------------------------------------------------------
+
+
+def test_url_parsing_and_options() -> None:
+    store = S3Store.from_url("s3://bkt/some/prefix/", retry=False)
+    assert isinstance(store, S3Store)
+    assert (store.bucket, store.prefix, store.url) == ("bkt", "some/prefix", "s3://bkt/some/prefix")
+    assert store.child_url("a/b") == "s3://bkt/some/prefix/a/b"
+    assert S3Store.from_url("s3://bkt", retry=False).url == "s3://bkt"
+    with pytest.raises(InvalidArgumentError, match="accepted"):
+        S3Store.from_url("s3://bkt", retry=False, no_such_option=1)
+    with pytest.raises(InvalidArgumentError, match="credentials"):
+        S3Store.from_url("s3://key:secret@bkt/x")
+    with pytest.raises(InvalidArgumentError, match="5242880"):
+        S3Config(part_size=1024)
+    with pytest.raises(InvalidArgumentError, match="both"):
+        S3Config(access_key_id="AK")
+
+
+def test_open_store_wraps_in_retry_store() -> None:
+    store = open_store("s3://bkt/p", endpoint_url="http://127.0.0.1:1")
+    assert isinstance(store, RetryStore)
+    assert isinstance(store.inner, S3Store)
+    assert store.url == "s3://bkt/p"
+    custom = open_store("s3://bkt/p", retry=RetryConfig(max_retries=2))
+    assert isinstance(custom, RetryStore)
+    assert custom.config.max_retries == 2
+    assert isinstance(open_store("s3://bkt/p", retry=False), S3Store)
+
+
+def test_credentials_never_in_repr_but_survive_pickle() -> None:
+    store = S3Store("bkt", access_key_id="AKEXAMPLE", secret_access_key=SECRET, session_token="TOK")
+    for text in (repr(store), str(store), repr(store.config), repr(RetryStore(store))):
+        assert SECRET not in text
+        assert "TOK" not in text
+    clone = pickle.loads(pickle.dumps(store))
+    assert clone.config.secret_access_key == SECRET
+    assert clone.url == store.url
+
+
+def test_connection_refused_is_transient_and_names_endpoint() -> None:
+    store = S3Store(
+        "bkt", endpoint_url="http://127.0.0.1:1", access_key_id="A", secret_access_key=SECRET
+    )
+    with pytest.raises(TransientStoreError) as info:
+        store.get("k")
+    assert "http://127.0.0.1:1" in str(info.value)
+    assert "s3://bkt/k" in str(info.value)
+    assert info.value.retryable
+    assert SECRET not in "".join(traceback.format_exception(info.value))
+    retried = RetryStore(store, RetryConfig(max_retries=2, initial_backoff=0.01))
+    with pytest.raises(StoreUnavailableError, match="s3://bkt/k"):
+        retried.get("k")
+
+
+# ---- against the Ceph RGW ---------------------------------------------------------------------------
+
+
+@pytest.mark.ceph
+def test_round_trip_head_list_delete(ceph_s3: CephS3, s3_bucket: str) -> None:
+    store = _store(ceph_s3, s3_bucket, "ds")
+    store.put("a/one.bin", b"hello")
+    store.put("a/two.bin", bytearray(b"world!"))
+    store.put("b.bin", memoryview(b"xyz"))
+    store.put("empty", b"")
+    assert store.get("a/one.bin") == b"hello"
+    assert store.get("empty") == b""
+    meta = store.head("a/two.bin")
+    assert (meta.key, meta.size) == ("a/two.bin", 6)
+    assert meta.etag
+    assert meta.mtime is not None
+    assert meta.mtime > 1.6e9
+    assert store.list_keys() == ["a/one.bin", "a/two.bin", "b.bin", "empty"]
+    assert store.list_keys("a/") == ["a/one.bin", "a/two.bin"]
+    assert [m.size for m in store.list("a/")] == [5, 6]
+    store.delete("a/one.bin")
+    assert not store.exists("a/one.bin")
+    with pytest.raises(ObjectNotFoundError, match=r"s3://.*/ds/a/one\.bin"):
+        store.delete("a/one.bin")
+    # the prefix is a directory of the bucket: the object lives under ds/
+    assert store.get("b.bin") == _store(ceph_s3, s3_bucket).get("ds/b.bin")
+
+
+@pytest.mark.ceph
+def test_ranged_reads(ceph_s3: CephS3, s3_bucket: str) -> None:
+    store = _store(ceph_s3, s3_bucket)
+    data = _blob(1000)
+    store.put("obj", data)
+    for start, end in [(0, 1), (0, 1000), (10, 20), (999, 1000), (500, 1000)]:
+        assert store.get("obj", ByteRange(start, end)) == data[start:end]
+    assert store.get("obj", ByteRange(1000, 1000)) == b""
+    assert store.get("obj", ByteRange(7, 7)) == b""
+    for bad in [
+        ByteRange(990, 1001),
+        ByteRange(1000, 1001),
+        ByteRange(5000, 6000),
+        ByteRange(1001, 1001),
+    ]:
+        with pytest.raises(InvalidRangeError, match="1000 bytes"):
+            store.get("obj", bad)
+    with pytest.raises(ObjectNotFoundError):
+        store.get("missing", ByteRange(0, 0))
+    assert store.get_ranges("obj", [ByteRange(5, 9), ByteRange(0, 3), ByteRange(900, 1000)]) == [
+        data[5:9],
+        data[0:3],
+        data[900:1000],
+    ]
+
+
+@pytest.mark.ceph
+def test_parallel_get_whole_and_range(
+    ceph_s3: CephS3, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    part = 256 * 1024
+    store = _store(
+        ceph_s3,
+        s3_bucket,
+        parallel_get_part_size=part,
+        parallel_get_threshold=part,
+        parallel_get_threads=4,
+    )
+    data = _blob(5 * part + 123, seed=7)
+    store.put("big", data)
+    calls: list[tuple[int, int | None]] = []
+    original = S3Store._get_object
+
+    def spy(
+        self: S3Store, key: str, full: str, start: int, end: int | None, etag: str | None = None
+    ) -> Any:
+        calls.append((start, end))
+        return original(self, key, full, start, end, etag)
+
+    monkeypatch.setattr(S3Store, "_get_object", spy)
+    assert store.get("big") == data
+    assert sorted(calls) == [(i * part, min((i + 1) * part, len(data))) for i in range(6)]
+    calls.clear()
+    assert store.get("big", ByteRange(100, 3 * part + 5)) == data[100 : 3 * part + 5]
+    assert len(calls) == 3  # 3 * part - 95 bytes in part-sized GETs
+    with pytest.raises(InvalidRangeError, match=str(len(data))):
+        store.get("big", ByteRange(part, len(data) + 1))
+
+
+@pytest.mark.ceph
+def test_multipart_writer_invisible_until_commit(
+    ceph_s3: CephS3, s3_bucket: str, s3_client: Any
+) -> None:
+    store = _store(ceph_s3, s3_bucket, part_size=MIN_PART_SIZE, upload_concurrency=2)
+    data = _blob(2 * MIN_PART_SIZE + 4321, seed=3)
+    writer = store.open_writer("dir/mp.bin")
+    for i in range(0, len(data), 777_777):
+        writer.write(data[i : i + 777_777])
+    assert writer.tell() == len(data)
+    uploads = s3_client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", [])
+    assert [u["Key"] for u in uploads] == ["dir/mp.bin"]
+    assert not store.exists("dir/mp.bin")
+    writer.commit()
+    assert store.get("dir/mp.bin") == data
+    assert store.head("dir/mp.bin").size == len(data)
+    assert s3_client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []
+    etag = s3_client.head_object(Bucket=s3_bucket, Key="dir/mp.bin")["ETag"]
+    assert etag.strip('"').endswith("-3")  # a multipart object's ETag ends with -<parts>
+
+
+@pytest.mark.ceph
+def test_aborted_writer_leaves_nothing(ceph_s3: CephS3, s3_bucket: str, s3_client: Any) -> None:
+    store = _store(ceph_s3, s3_bucket, part_size=MIN_PART_SIZE)
+    store.put("keep", b"old")
+
+    def failing_write() -> None:
+        with store.open_writer("keep") as writer:
+            writer.write(_blob(2 * MIN_PART_SIZE + 1))
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        failing_write()
+    assert store.get("keep") == b"old"
+    assert s3_client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []
+    writer = store.open_writer("never")
+    writer.write(b"small")
+    writer.abort()
+    assert not store.exists("never")
+    assert store.list_keys() == ["keep"]
+
+
+@pytest.mark.ceph
+def test_small_writer_and_large_put(ceph_s3: CephS3, s3_bucket: str, s3_client: Any) -> None:
+    store = _store(ceph_s3, s3_bucket, part_size=MIN_PART_SIZE, multipart_threshold=MIN_PART_SIZE)
+    with store.open_writer("small") as writer:
+        writer.write(b"abc")
+        writer.write(b"def")
+        assert s3_client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []
+    assert store.get("small") == b"abcdef"
+    with store.open_writer("empty"):
+        pass
+    assert store.get("empty") == b""
+    data = _blob(MIN_PART_SIZE + 10, seed=9)
+    store.put("large", data)  # above multipart_threshold: uploaded as parts
+    assert store.get("large") == data
+    assert s3_client.head_object(Bucket=s3_bucket, Key="large")["ETag"].strip('"').endswith("-2")
+    assert s3_client.head_object(Bucket=s3_bucket, Key="small")["ETag"].count("-") == 0
+
+
+@pytest.mark.ceph
+def test_listing_pages_order_and_markers(ceph_s3: CephS3, s3_bucket: str, s3_client: Any) -> None:
+    store = _store(ceph_s3, s3_bucket, "root", list_page_size=2)
+    keys = ["a", "a/b", "a~", "b/c/d", "z", "é", "\uf8ffx", "😀", "a-1"]
+    for key in keys:
+        store.put(key, key.encode())
+    s3_client.put_object(Bucket=s3_bucket, Key="root/dir/", Body=b"")  # a console's folder marker
+    s3_client.put_object(Bucket=s3_bucket, Key="rootless", Body=b"")  # outside the prefix
+    expected = sorted(keys, key=lambda k: k.encode())
+    assert store.list_keys() == expected == sorted(keys)
+    assert store.list_keys("a") == ["a", "a-1", "a/b", "a~"]
+    assert store.list_keys("nothing") == []
+    calls = []
+    client = store._client()
+    original = client.list_objects_v2
+
+    def counting(**kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return original(**kwargs)
+
+    client.list_objects_v2 = counting
+    assert len(store.list_keys()) == len(keys)
+    assert len(calls) == 5
+    assert all(c["MaxKeys"] == 2 for c in calls)
+
+
+@pytest.mark.ceph
+def test_missing_key_and_bucket(ceph_s3: CephS3, s3_bucket: str) -> None:
+    store = _store(ceph_s3, s3_bucket, "p")
+    for call in (
+        lambda: store.get("nope"),
+        lambda: store.head("nope"),
+        lambda: store.delete("nope"),
+    ):
+        with pytest.raises(ObjectNotFoundError, match=f"s3://{s3_bucket}/p/nope"):
+            call()
+    with pytest.raises(ObjectNotFoundError, match="nope"):
+        store.open_reader("nope")
+    gone = _store(ceph_s3, f"{s3_bucket}-missing")
+    with pytest.raises(ObjectNotFoundError, match=r"bucket .* does not exist"):
+        gone.get("k")
+    with pytest.raises(ObjectNotFoundError, match=r"bucket .* does not exist"):
+        gone.put("k", b"x")
+    with pytest.raises(ObjectNotFoundError, match=r"bucket .* does not exist"):
+        list(gone.list())
+    with pytest.raises(ObjectNotFoundError) as info:
+        gone.head("k")  # HEAD answers a bare 404; the store checks the bucket to say which
+    assert "does not exist" in "".join(traceback.format_exception(info.value))
+
+
+@pytest.mark.ceph
+def test_wrong_credentials_fail_at_once(ceph_s3: CephS3, s3_bucket: str) -> None:
+    cases = [
+        {"secret_access_key": SECRET},
+        {"access_key_id": "NOSUCHKEY0000000", "secret_access_key": SECRET},
+    ]
+    for override in cases:
+        store = open_store(f"s3://{s3_bucket}/x", **{**ceph_s3.store_options(), **override})
+        assert isinstance(store, RetryStore)
+        for call in (store.get, store.head, lambda k, s=store: list(s.list(k))):
+            with pytest.raises(StoreAuthError) as info:  # raised as is: RetryStore does not retry
+                call("k")
+            text = "".join(traceback.format_exception(info.value)) + repr(store)
+            assert SECRET not in text
+            assert "credentials" in str(info.value)
+            assert f"s3://{s3_bucket}/x" in str(info.value)
+            assert isinstance(info.value, PermissionError)
+
+
+@pytest.mark.ceph
+def test_streaming_reader_resumes_after_broken_stream(ceph_s3: CephS3, s3_bucket: str) -> None:
+    store = _store(ceph_s3, s3_bucket)
+    data = _blob(3 * 1024 * 1024 + 17, seed=5)
+    store.put("stream", data)
+    reader = store.open_reader("stream", chunk_size=64 * 1024)
+    raw: Any = reader.raw  # type: ignore[attr-defined]
+    opened = []
+    original_open = raw._open_at
+
+    def open_at(pos: int) -> None:
+        opened.append(pos)
+        original_open(pos)
+        body = raw._body
+        budget = [700_000]  # each stream breaks after this many bytes
+
+        class Breaking:
+            def read(self, n: int) -> bytes:
+                if budget[0] <= 0:
+                    raise ResponseStreamingError(error="simulated IncompleteRead")
+                chunk = body.read(min(n, budget[0]))
+                budget[0] -= len(chunk)
+                return bytes(chunk)
+
+            def close(self) -> None:
+                body.close()
+
+        raw._body = Breaking()
+
+    raw._open_at = open_at
+    raw._close_body()
+    raw._body = None  # reopen through the breaking wrapper
+    got = reader.read()
+    assert got == data
+    assert len(opened) >= 4
+    assert opened == sorted(opened)
+    assert opened[0] == 0
+    reader.seek(1000)
+    assert reader.read(10) == data[1000:1010]
+    reader.close()
+
+
+@pytest.mark.ceph
+def test_streaming_reader_gives_up_and_detects_replacement(ceph_s3: CephS3, s3_bucket: str) -> None:
+    store = _store(ceph_s3, s3_bucket, stream_resume_attempts=1)
+    data = _blob(2 * 1024 * 1024)
+    store.put("obj", data)
+    with store.open_reader("obj") as reader:
+        assert reader.read(10) == data[:10]
+        store.put("obj", b"replaced")
+        reader.seek(1_500_000)  # forces a new request, pinned to the old ETag
+        with pytest.raises(StoreError, match="changed while"):
+            reader.read(10)
+
+
+@pytest.mark.ceph
+def test_pickled_store_works_in_forked_child(ceph_s3: CephS3, s3_bucket: str) -> None:
+    store = _store(ceph_s3, s3_bucket)
+    store.put("k", b"value")
+    clone = pickle.loads(pickle.dumps(store))
+    assert clone.get("k") == b"value"
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child reuses the parent's store object: a new client for the new process
+        try:
+            os.write(write_fd, store.get("k"))
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    os.waitpid(pid, 0)
+    assert os.read(read_fd, 100) == b"value"
+    os.close(read_fd)
