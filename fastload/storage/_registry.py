@@ -25,7 +25,7 @@ STORES = PluginRegistry("store backend", "fastload.stores", "Plain local paths n
 STORES.register("file", "fastload.storage._local:LocalStore")
 STORES.register("memory", "fastload.storage._memory:MemoryStore")
 STORES.register("s3", "fastload.storage._s3:S3Store", extra="s3", modules=("boto3",))
-STORES.register("hdfs", "fastload.storage._hdfs:HDFSStore", extra="hdfs", modules=("pyarrow",))
+STORES.register("hdfs", "fastload.storage._hdfs:HDFSStore", extra="hdfs", modules=("hdfs_native",))
 
 
 def register_store(

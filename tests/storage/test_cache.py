@@ -1,0 +1,209 @@
+"""CachingStore: conformance as a wrapper, plus the cache's own guarantees."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import time
+from pathlib import Path
+
+import pytest
+
+from fastload.errors import InvalidArgumentError, ObjectNotFoundError
+from fastload.storage import ByteRange, LocalStore, Store
+from fastload.storage._cache import CachingStore, parse_size
+from fastload.storage._wrapper import WrapperStore
+from fastload.testing.store import StoreTests
+
+
+class CountingStore(WrapperStore):
+    """Counts whole-object downloads (open_reader) in a file, so counts add up across processes."""
+
+    def __init__(self, store: Store, counter: str) -> None:
+        super().__init__(store)
+        self.counter = counter
+
+    def open_reader(self, key, *, chunk_size=8 << 20):  # type: ignore[no-untyped-def]
+        with open(self.counter, "a") as f:
+            f.write(key + "\n")
+        time.sleep(0.05)  # widen the window in which a second process could start a download
+        return super().open_reader(key, chunk_size=chunk_size)
+
+
+def downloads(counter: str) -> list[str]:
+    try:
+        return Path(counter).read_text().split()
+    except FileNotFoundError:
+        return []
+
+
+class TestCachingStoreConformance(StoreTests):
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> Store:
+        return CachingStore(LocalStore(tmp_path / "remote"), tmp_path / "cache", "1GB")
+
+    def read_only_view(self, store: Store) -> Store | None:
+        assert isinstance(store, CachingStore)
+        inner = store.inner
+        assert isinstance(inner, LocalStore)
+        return CachingStore(LocalStore(inner.root, read_only=True), store.cache_dir + "-ro", "1GB")
+
+
+@pytest.fixture
+def remote(tmp_path: Path) -> LocalStore:
+    store = LocalStore(tmp_path / "remote")
+    for i in range(6):
+        store.put(f"shard-{i}.tar", bytes([i]) * 1000)
+    return store
+
+
+def test_second_read_is_a_hit(remote: LocalStore, tmp_path: Path) -> None:
+    counter = str(tmp_path / "count")
+    cache = CachingStore(CountingStore(remote, counter), tmp_path / "cache", 10_000)
+    assert cache.get("shard-1.tar") == bytes([1]) * 1000
+    assert cache.get("shard-1.tar", ByteRange(10, 20)) == bytes([1]) * 10
+    assert cache.get_ranges("shard-1.tar", [ByteRange(0, 1), ByteRange(999, 1000)]) == [
+        b"\x01",
+        b"\x01",
+    ]
+    assert downloads(counter) == ["shard-1.tar"]
+    assert cache.stats()["misses"] == 1
+    assert cache.stats()["hits"] == 2
+    assert cache.stats()["bytes_downloaded"] == 1000
+    path = cache.local_path("shard-1.tar")
+    assert path is not None
+    assert Path(path).read_bytes() == bytes([1]) * 1000
+
+
+def test_lru_eviction_keeps_budget(remote: LocalStore, tmp_path: Path) -> None:
+    cache = CachingStore(remote, tmp_path / "cache", 3500)
+    for i in range(3):
+        cache.get(f"shard-{i}.tar")
+        time.sleep(0.01)
+    os.utime(cache.local_path("shard-0.tar") or "")  # shard-0 is now the most recently used
+    time.sleep(0.01)
+    cache.get("shard-3.tar")  # needs room: evicts shard-1, the least recently used
+    assert cache.cached_bytes() <= 3500
+    assert cache.stats()["evictions"] == 1
+    before = cache.stats()["misses"]
+    cache.get("shard-0.tar")
+    assert cache.stats()["misses"] == before  # still cached
+    cache.get("shard-1.tar")
+    assert cache.stats()["misses"] == before + 1  # was evicted
+
+
+def test_object_over_budget_is_read_through(remote: LocalStore, tmp_path: Path) -> None:
+    cache = CachingStore(remote, tmp_path / "cache", 500)
+    assert cache.get("shard-2.tar", ByteRange(0, 3)) == b"\x02\x02\x02"
+    assert cache.cached_bytes() == 0
+    with pytest.raises(ObjectNotFoundError, match="larger than the cache budget"):
+        cache.local_path("shard-2.tar")
+
+
+def test_writes_through_the_cache_invalidate(remote: LocalStore, tmp_path: Path) -> None:
+    cache = CachingStore(remote, tmp_path / "cache", 10_000)
+    assert cache.get("shard-0.tar")[:1] == b"\x00"
+    cache.put("shard-0.tar", b"new")
+    assert cache.get("shard-0.tar") == b"new"
+    with cache.open_writer("shard-0.tar") as w:
+        w.write(b"newer")
+    assert cache.get("shard-0.tar") == b"newer"
+    cache.delete("shard-0.tar")
+    with pytest.raises(ObjectNotFoundError):
+        cache.get("shard-0.tar")
+
+
+def test_revalidate_sees_changes_made_elsewhere(remote: LocalStore, tmp_path: Path) -> None:
+    cache = CachingStore(remote, tmp_path / "cache", 10_000)
+    cache.get("shard-4.tar")
+    remote.put("shard-4.tar", b"changed behind the cache's back")
+    fresh = CachingStore(remote, tmp_path / "cache", 10_000, revalidate=True)
+    assert fresh.get("shard-4.tar") == b"changed behind the cache's back"
+
+
+def test_stale_temp_files_are_cleaned(remote: LocalStore, tmp_path: Path) -> None:
+    cache_dir = tmp_path / "cache"
+    CachingStore(remote, cache_dir, 10_000)
+    # A fill by a process that no longer exists (pid far beyond pid_max) left a temp file.
+    stale = cache_dir / "tmp" / "abcdef.999999999.xyz"
+    stale.write_bytes(b"partial")
+    mine = cache_dir / "tmp" / f"abcdef.{os.getpid()}.xyz"
+    mine.write_bytes(b"in progress")
+    CachingStore(remote, cache_dir, 10_000)
+    assert not stale.exists()
+    assert mine.exists()
+
+
+def _worker_read(cache: CachingStore, keys: list[str]) -> list[int]:
+    return [len(cache.get(k)) for k in keys]
+
+
+def test_processes_share_the_cache_without_double_downloads(
+    remote: LocalStore, tmp_path: Path
+) -> None:
+    counter = str(tmp_path / "count")
+    cache = CachingStore(CountingStore(remote, counter), tmp_path / "cache", 100_000)
+    keys = [f"shard-{i}.tar" for i in range(6)]
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(3) as pool:
+        results = pool.starmap(_worker_read, [(cache, keys)] * 3, chunksize=1)
+    assert results == [[1000] * 6] * 3
+    assert sorted(downloads(counter)) == sorted(keys)  # each object downloaded exactly once
+
+
+def test_sigkilled_fill_leaves_no_partial_object(remote: LocalStore, tmp_path: Path) -> None:
+    big = remote
+    big.put("big.bin", os.urandom(4 << 20))
+
+    class SlowStore(WrapperStore):
+        def open_reader(self, key, *, chunk_size=8 << 20):  # type: ignore[no-untyped-def]
+            time.sleep(30)
+            return super().open_reader(key, chunk_size=chunk_size)
+
+    cache_dir = tmp_path / "cache"
+    ctx = multiprocessing.get_context("fork")
+    proc = ctx.Process(
+        target=_worker_read, args=(CachingStore(SlowStore(big), cache_dir, "1GB"), ["big.bin"])
+    )
+    proc.start()
+    time.sleep(1.0)
+    proc.kill()
+    proc.join()
+    cache = CachingStore(big, cache_dir, "1GB")  # the kill left the lock free and no object
+    assert cache.get("big.bin") == big.get("big.bin")
+    assert cache.stats()["misses"] == 1
+
+
+def test_prefetch_fills_in_the_background(remote: LocalStore, tmp_path: Path) -> None:
+    cache = CachingStore(remote, tmp_path / "cache", 100_000, prefetch_threads=2)
+    cache.prefetch([f"shard-{i}.tar" for i in range(4)])
+    cache.wait_prefetch(timeout=30)
+    assert cache.stats()["prefetched"] == 4
+    cache.get("shard-3.tar")
+    assert cache.stats()["hits"] == 1
+    assert cache.stats()["misses"] == 0
+    cache.close()
+
+
+def test_pickles_without_threads(remote: LocalStore, tmp_path: Path) -> None:
+    cache = CachingStore(remote, tmp_path / "cache", "1MB")
+    cache.prefetch(["shard-0.tar"])
+    clone = pickle.loads(pickle.dumps(cache))
+    assert clone.get("shard-0.tar") == bytes([0]) * 1000
+    assert clone.cache_dir == cache.cache_dir
+    cache.close()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("256MB", 256_000_000), ("1GiB", 2**30), ("1.5 kB", 1500), (4096, 4096), ("12", 12)],
+)
+def test_parse_size(text: str | int, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["-1", "12 parsecs", "MB", -5])
+def test_parse_size_rejects(bad: str | int) -> None:
+    with pytest.raises(InvalidArgumentError, match="size"):
+        parse_size(bad)
