@@ -44,7 +44,7 @@ from fastload.errors import (
     ObjectNotFoundError,
     ReadOnlyStoreError,
 )
-from fastload.storage import ByteRange, MemoryStore, ObjectMeta, Store
+from fastload.storage import ByteRange, MemoryStore, ObjectMeta, ObjectWriter, Store
 
 __all__ = ["INVALID_KEYS", "StoreTests"]
 
@@ -92,6 +92,12 @@ def _child_read_ranges(store: Store, jobs: list[tuple[str, int, int]], rounds: i
 
 def _child_read_whole(store: Store, keys: list[str]) -> dict[str, str]:
     return {key: hashlib.sha256(store.get(key)).hexdigest() for key in keys}
+
+
+def _write_then_fail(writer: ObjectWriter, data: bytes) -> None:
+    with writer:
+        writer.write(data)
+        raise RuntimeError("boom")
 
 
 def _child_put(store: Store, key: str, data: bytes) -> int:
@@ -456,16 +462,15 @@ class StoreTests:
         assert store.get("mv") == b"bcdxyz"
 
     def test_open_writer_exception_leaves_nothing(self, store: Store) -> None:
-        with pytest.raises(RuntimeError, match="boom"), store.open_writer("fail/new") as writer:
-            writer.write(b"partial data")
-            raise RuntimeError("boom")
+        writer = store.open_writer("fail/new")
+        with pytest.raises(RuntimeError, match="boom"):
+            _write_then_fail(writer, b"partial data")
         assert writer.closed
         assert not store.exists("fail/new")
         # Over an existing object, the old object stays whole.
         store.put("fail/old", b"old content")
-        with pytest.raises(RuntimeError, match="boom"), store.open_writer("fail/old") as writer:
-            writer.write(b"new")
-            raise RuntimeError("boom")
+        with pytest.raises(RuntimeError, match="boom"):
+            _write_then_fail(store.open_writer("fail/old"), b"new")
         assert store.get("fail/old") == b"old content"
         if store.supports_listing:
             assert store.list_keys() == ["fail/old"]

@@ -43,7 +43,8 @@ class TestRetryStoreOverLocal(StoreTests):
         return RetryStore(LocalStore(tmp_path / "root"))
 
     def read_only_view(self, store: Store) -> Store | None:
-        assert isinstance(store, RetryStore) and isinstance(store.inner, LocalStore)
+        assert isinstance(store, RetryStore)
+        assert isinstance(store.inner, LocalStore)
         return RetryStore(LocalStore(store.inner.root, read_only=True))
 
 
@@ -68,7 +69,8 @@ class TestRetryOverLimitOverLocal(StoreTests):
         return RetryStore(LimitStore(LocalStore(tmp_path / "root"), max_concurrency=2))
 
     def read_only_view(self, store: Store) -> Store | None:
-        assert isinstance(store, RetryStore) and isinstance(store.inner, LimitStore)
+        assert isinstance(store, RetryStore)
+        assert isinstance(store.inner, LimitStore)
         local = store.inner.inner
         assert isinstance(local, LocalStore)
         return RetryStore(LimitStore(LocalStore(local.root, read_only=True), max_concurrency=2))
