@@ -30,7 +30,7 @@ import pickle
 import random
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.pool import Pool
 
@@ -219,7 +219,7 @@ class StoreTests:
 
     @pytest.mark.parametrize("key", INVALID_KEYS)
     def test_invalid_keys_rejected(self, store: Store, key: str) -> None:
-        calls = {
+        calls: dict[str, Callable[[], object]] = {
             "get": lambda: store.get(key),
             "get range": lambda: store.get(key, ByteRange(0, 1)),
             "head": lambda: store.head(key),
@@ -372,7 +372,7 @@ class StoreTests:
     # ---- missing keys and deletion ------------------------------------------------------------
 
     def test_missing_key(self, store: Store) -> None:
-        calls = {
+        calls: dict[str, Callable[[], object]] = {
             "get": lambda: store.get("no/such/key"),
             "get range": lambda: store.get("no/such/key", ByteRange(0, 1)),
             "head": lambda: store.head("no/such/key"),
@@ -570,7 +570,7 @@ class StoreTests:
         assert not view.supports_writes
         assert view.get("ro/obj") == b"content"
         assert view.head("ro/obj").size == 7
-        calls = {
+        calls: dict[str, Callable[[], object]] = {
             "put": lambda: view.put("ro/obj", b"x"),
             "put new": lambda: view.put("ro/new", b"x"),
             "put_text": lambda: view.put_text("ro/new", "x"),
