@@ -15,6 +15,7 @@ import msgpack
 
 from fastload.errors import CorruptDataError, FormatError
 from fastload.formats._base import OnError, ShardReader
+from fastload.formats.lmdb._envs import SharedEnv, acquire, release
 from fastload.formats.lmdb._layout import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -26,6 +27,13 @@ from fastload.storage import Store
 __all__ = ["LMDBReader"]
 
 _COPY_CHUNK = 8 * 1024 * 1024
+#: LMDB errors that mean the file's bytes are not a valid environment.
+_CORRUPT = (
+    lmdb.InvalidError,
+    lmdb.CorruptedError,
+    lmdb.PageNotFoundError,
+    lmdb.VersionMismatchError,
+)
 
 
 def _remove(path: str, owner: int | None = None) -> None:
@@ -38,14 +46,6 @@ def _remove(path: str, owner: int | None = None) -> None:
         pass
 
 
-class _Opened:
-    """The per-process state of a reader: the environment and what its meta key says."""
-
-    def __init__(self, env: Any, num_samples: int, pid: int) -> None:
-        self.env, self.num_samples, self.pid = env, num_samples, pid
-        self.local = threading.local()  # .txn: one read transaction per thread
-
-
 class LMDBReader(ShardReader):
     """Reads one LMDB shard written by :class:`~fastload.formats.lmdb.LMDBWriter`.
 
@@ -53,10 +53,12 @@ class LMDBReader(ShardReader):
     has local paths (a local directory, or a caching wrapper), and otherwise downloads the shard
     once, streamed, to a temporary file that :meth:`close` removes.
 
-    The environment is opened lazily, read-only and without a lock file, once per process: a reader
-    used in a parent and then in a forked child reopens it in the child. Pickling carries the store,
-    key and options, never the open environment. Each thread gets its own read transaction, so one
-    reader may be shared by threads.
+    The environment is opened lazily, read-only and without a lock file, and shared by all readers
+    of the same file in a process (LMDB allows one open per file and process). A reader used in a
+    parent and then in a forked child reopens the file in the child; iterators started before the
+    fork must not be continued in the child. Pickling carries the store, key and options, never the
+    open environment. Each thread gets its own read transaction, so one reader may be shared by
+    threads.
 
     Samples are ``{"__key__", "__url__", "__index__", field: bytes}``; ``__index__`` is the
     position in insertion order. Corrupt values, missing reserved keys and files that are not
@@ -76,7 +78,8 @@ class LMDBReader(ShardReader):
         on_error: ``raise`` (default), ``skip`` or ``warn`` for corrupt samples while iterating.
         index_key: Ignored; an LMDB shard is its own index.
         readahead: Let the OS read ahead in the mapped file. Good for sequential reads of
-            a cold file; turn off for random access on shards larger than memory.
+            a cold file; turn off for random access on shards larger than memory. Applies when
+            this reader is the first in the process to open the file.
     """
 
     supports_random_access = True
@@ -92,7 +95,8 @@ class LMDBReader(ShardReader):
     ) -> None:
         super().__init__(store, key, on_error=on_error, index_key=None)
         self.readahead = readahead
-        self._opened: _Opened | None = None
+        self._entry: SharedEnv | None = None
+        self._release: weakref.finalize[[SharedEnv], None] | None = None
         self._path: str | None = None
         self._download: tuple[str, int] | None = None  # (temporary path, owning pid)
         self._lock = threading.Lock()
@@ -101,7 +105,7 @@ class LMDBReader(ShardReader):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_opened=None, _path=None, _download=None, _lock=None)
+        state.update(_entry=None, _release=None, _path=None, _download=None, _lock=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -130,61 +134,53 @@ class LMDBReader(ShardReader):
         weakref.finalize(self, _remove, tmp, os.getpid())
         return tmp
 
-    def _open(self) -> _Opened:
-        opened = self._opened
-        pid = os.getpid()
-        if opened is not None and opened.pid == pid:
-            return opened
+    def _env(self) -> SharedEnv:
+        """This process's shared environment for the shard, opened and validated on first use."""
+        entry = self._entry
+        if entry is not None and entry.pid == os.getpid() and not entry.closed:
+            return entry
         with self._lock:
-            if self._opened is not None and self._opened.pid == pid:
-                return self._opened
-            # After fork the parent's environment is dropped unused (its mapping belongs to the
-            # parent's open); the child maps the file again.
-            self._opened = self._open_env(self._local_file(), pid)
-            return self._opened
+            entry = self._entry
+            if entry is not None and entry.pid == os.getpid() and not entry.closed:
+                return entry
+            path = self._local_file()
+            try:
+                entry = acquire(path, readahead=self.readahead, validate=self._validate)
+            except lmdb.Error as exc:
+                corrupt = isinstance(exc, _CORRUPT)
+                cls = CorruptDataError if corrupt else FormatError
+                raise cls(
+                    f"cannot open the shard as an LMDB file ({type(exc).__name__}: {exc})"
+                    + ("; the shard is damaged or not in the lmdb format" if corrupt else ""),
+                    url=self.url,
+                ) from exc
+            self._entry = entry
+            self._release = weakref.finalize(self, release, entry)  # type: ignore[arg-type]
+            return entry
 
-    def _open_env(self, path: str, pid: int) -> _Opened:
-        try:
-            env = lmdb.open(
-                path,
-                subdir=False,
-                readonly=True,
-                lock=False,
-                readahead=self.readahead,
-                max_readers=1,
-                max_dbs=0,
-            )
-        except lmdb.Error as exc:
+    def _validate(self, env: Any) -> int:
+        """Check the file length and the meta key of a freshly opened environment; return the
+        number of samples."""
+        psize: int = env.stat()["psize"]
+        needed = (env.info()["last_pgno"] + 1) * psize
+        size = os.path.getsize(env.path())
+        if size < needed:
             raise CorruptDataError(
-                f"not a readable LMDB file ({type(exc).__name__}: {exc}); the shard is damaged or "
-                "not in the lmdb format",
+                f"LMDB file is truncated: {size} bytes, but its meta page needs {needed}; "
+                "copy the shard again",
                 url=self.url,
-            ) from exc
-        try:
-            psize: int = env.stat()["psize"]
-            needed = (env.info()["last_pgno"] + 1) * psize
-            size = os.path.getsize(path)
-            if size < needed:
-                raise CorruptDataError(
-                    f"LMDB file is truncated: {size} bytes, but its meta page needs {needed}; "
-                    "copy the shard again",
-                    url=self.url,
-                    offset=size,
-                )
-            with env.begin(buffers=False) as txn:
-                raw = txn.get(META_KEY)
-            if raw is None:
-                raise CorruptDataError(
-                    f"LMDB file has no reserved key {META_KEY!r}: not a fastload LMDB shard "
-                    "(see fastload/formats/lmdb/README.md)",
-                    url=self.url,
-                    key=META_KEY.decode(),
-                )
-            num_samples = self._parse_meta(raw)
-        except BaseException:
-            env.close()
-            raise
-        return _Opened(env, num_samples, pid)
+                offset=size,
+            )
+        with env.begin(buffers=False) as txn:
+            raw = txn.get(META_KEY)
+        if raw is None:
+            raise CorruptDataError(
+                f"LMDB file has no reserved key {META_KEY!r}: not a fastload LMDB shard "
+                "(see fastload/formats/lmdb/README.md)",
+                url=self.url,
+                key=META_KEY.decode(),
+            )
+        return self._parse_meta(raw)
 
     def _parse_meta(self, raw: bytes) -> int:
         url, key = self.url, META_KEY.decode()
@@ -212,12 +208,9 @@ class LMDBReader(ShardReader):
             )
         return count
 
-    def _txn(self) -> tuple[_Opened, Any]:
-        opened = self._open()
-        txn = getattr(opened.local, "txn", None)
-        if txn is None:
-            txn = opened.local.txn = opened.env.begin(buffers=True)
-        return opened, txn
+    def _txn(self) -> tuple[int, Any]:
+        entry = self._env()
+        return entry.info, entry.txn()
 
     # ---- decoding -----------------------------------------------------------------------------
 
@@ -275,8 +268,21 @@ class LMDBReader(ShardReader):
     # ---- public API ---------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        """Number of samples, from the shard's meta key."""
-        return self._open().num_samples
+        """Number of samples, from the shard's meta key (0 for a shard that cannot be opened
+        under the ``skip``/``warn`` policies).
+
+        Raises:
+            CorruptDataError: Under ``raise``, the shard cannot be opened.
+        """
+        try:
+            n: int = self._env().info
+        except CorruptDataError:
+            # ``list(reader)`` asks for the length first; under skip/warn an unreadable shard
+            # has no samples, and iterating it counts the skip.
+            if self.policy.on_error == "raise":
+                raise
+            return 0
+        return n
 
     def read(self, i: int) -> dict[str, Any]:
         """The sample at position ``i`` (insertion order; negative counts from the end).
@@ -285,8 +291,7 @@ class LMDBReader(ShardReader):
             IndexError: ``i`` is out of range.
             CorruptDataError: The shard or the sample is damaged.
         """
-        opened, txn = self._txn()
-        n = opened.num_samples
+        n, txn = self._txn()
         position = i + n if i < 0 else i
         if not 0 <= position < n:
             raise IndexError(f"sample position {i} out of range for {self.url} ({n} samples)")
@@ -314,11 +319,10 @@ class LMDBReader(ShardReader):
     def iter_from(self, start: int) -> Iterator[dict[str, Any]]:
         """Yield samples from position ``start`` on, in insertion order (seeks directly)."""
         try:
-            opened, txn = self._txn()
+            n, txn = self._txn()
         except CorruptDataError as exc:
             self.policy.handle(exc)
             return
-        n = opened.num_samples
         position = max(start, 0)
         if position >= n:
             return
@@ -344,12 +348,12 @@ class LMDBReader(ShardReader):
             found = cursor.next()
 
     def close(self) -> None:
-        """Close the environment and remove a downloaded temporary copy (in the process that made
-        it). The reader reopens on next use."""
+        """Release the shared environment and remove a downloaded temporary copy (in the process
+        that made it). The reader reopens on next use; iterators started before stay invalid."""
         with self._lock:
-            opened, self._opened = self._opened, None
-            if opened is not None and opened.pid == os.getpid():
-                opened.env.close()
+            release_fn, self._release, self._entry = self._release, None, None
+            if release_fn is not None:
+                release_fn()
             if self._download is not None and self._download[1] == os.getpid():
                 _remove(self._download[0])
                 self._download = None

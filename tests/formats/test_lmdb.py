@@ -1,0 +1,429 @@
+"""LMDB shards: round trips, map growth, interop with py-lmdb + msgpack alone, fork safety, bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import pickle
+import shutil
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fastload.errors import CorruptDataError, FormatError, InvalidArgumentError
+from fastload.formats import get_format
+from fastload.formats.lmdb import LMDBReader, LMDBWriter, detect
+from fastload.storage import LocalStore, MemoryStore, Store
+
+KEY = "ds/train-000000.lmdb"
+
+_SEGMENT = st.text(
+    alphabet=st.characters(exclude_characters="./\x00\r\n", exclude_categories=("Cs",)),
+    min_size=1,
+    max_size=10,
+)
+_KEYS = st.lists(st.lists(_SEGMENT, min_size=1, max_size=3).map("/".join), unique=True, max_size=8)
+_FIELD_NAMES = st.lists(
+    st.sampled_from(["jpg", "png", "cls", "txt", "json", "npy", "seg.png", "meta.json", "bin"]),
+    unique=True,
+    min_size=1,
+    max_size=9,
+)
+_VALUES = st.one_of(
+    st.just(b""),
+    st.binary(max_size=50),
+    st.binary(min_size=2000, max_size=4500),  # LMDB overflow pages
+    st.integers(0, 255).map(lambda b: bytes([b]) * 300_000),  # large field
+)
+
+
+@st.composite
+def _samples(draw: st.DrawFn) -> list[dict[str, Any]]:
+    out = []
+    for key in draw(_KEYS):
+        sample: dict[str, Any] = {"__key__": key}
+        for name in draw(_FIELD_NAMES):
+            sample[name] = draw(_VALUES)
+        out.append(sample)
+    return out
+
+
+def _fields(sample: dict[str, Any]) -> dict[str, bytes]:
+    return {k: v for k, v in sample.items() if not k.startswith("__")}
+
+
+def _write(store: Store, samples: list[dict[str, Any]], key: str = KEY, **options: Any) -> Any:
+    writer = LMDBWriter(store, key, **options)
+    for sample in samples:
+        writer.write(sample)
+    return writer.close()
+
+
+@pytest.fixture(params=["local", "memory"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    if request.param == "local":
+        return LocalStore(tmp_path / "store")
+    return MemoryStore(f"lmdb-{request.node.name}")
+
+
+def test_format_is_registered() -> None:
+    fmt = get_format("lmdb")
+    assert fmt.writer is LMDBWriter
+    assert fmt.reader is LMDBReader
+    assert fmt.extension == "lmdb"
+    assert fmt.build_index is None
+    assert get_format("mdb") is fmt
+
+
+@pytest.mark.parametrize("kind", ["local", "memory"])
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(samples=_samples())
+def test_round_trip(
+    kind: str, tmp_path_factory: pytest.TempPathFactory, samples: list[Any]
+) -> None:
+    if kind == "local":
+        store: Store = LocalStore(tmp_path_factory.mktemp("rt"))
+    else:
+        store = MemoryStore("lmdb-round-trip")
+        store.delete_many(store.list_keys())
+    writer = LMDBWriter(store, KEY, batch_bytes=100_000)
+    for sample in samples:
+        writer.write(sample)
+    info = writer.close()
+    data = store.get(KEY)
+    assert info.num_samples == len(samples)
+    assert (info.num_bytes, info.sha256) == (len(data), hashlib.sha256(data).hexdigest())
+    assert info.index_key is None
+    assert store.list_keys() == [KEY]  # no scratch files or index left behind
+
+    reader = LMDBReader(store, KEY)
+    got = list(reader)
+    assert [s["__key__"] for s in got] == [s["__key__"] for s in samples]
+    assert [_fields(s) for s in got] == [_fields(s) for s in samples]
+    assert [list(_fields(s)) for s in got] == [list(_fields(s)) for s in samples]  # field order
+    assert [s["__index__"] for s in got] == list(range(len(samples)))
+    assert len(reader) == len(samples)
+    for i, sample in enumerate(samples):
+        assert _fields(reader.read(i)) == _fields(sample)
+        by_key = reader.get_key(sample["__key__"])
+        assert by_key["__key__"] == sample["__key__"]
+        assert _fields(by_key) == _fields(sample)
+    reader.close()
+
+
+def test_insertion_order_is_kept_not_key_order(store: Store) -> None:
+    keys = ["zebra", "apple", "mango", "b/2", "b/10", "Ähre"]
+    _write(store, [{"__key__": k, "txt": k} for k in keys])
+    with LMDBReader(store, KEY) as reader:
+        assert [s["__key__"] for s in reader] == keys
+        assert [s["__key__"] for s in reader.iter_from(4)] == keys[4:]
+        assert list(reader.iter_from(6)) == []
+        assert reader.read(-1)["txt"] == "Ähre".encode()
+        with pytest.raises(IndexError):
+            reader.read(6)
+        with pytest.raises(KeyError):
+            reader.get_key("pear")
+        with pytest.raises(KeyError):
+            reader.get_key("\x00fastload/meta")  # reserved keys are not samples
+
+
+def test_empty_shard(store: Store) -> None:
+    _write(store, [])
+    with LMDBReader(store, KEY) as reader:
+        assert len(reader) == 0
+        assert list(reader) == []
+
+
+def test_map_grows_beyond_a_tiny_initial_map_size(store: Store) -> None:
+    samples = [{"__key__": f"s{i:04d}", "bin": os.urandom(20_000)} for i in range(300)]
+    samples.append({"__key__": "huge", "bin": os.urandom(3 * 1024 * 1024)})  # > several maps
+    writer = LMDBWriter(store, KEY, map_size=64 * 1024, batch_bytes=256 * 1024)
+    for sample in samples:
+        writer.write(sample)
+    info = writer.close()
+    assert info.num_samples == 301
+    with LMDBReader(store, KEY) as reader:
+        got = list(reader)
+    assert [s["bin"] for s in got] == [s["bin"] for s in samples]
+
+
+def test_same_input_same_settings_gives_identical_bytes(tmp_path: Path) -> None:
+    samples = [{"__key__": f"k{i}", "jpg": os.urandom(i * 997 % 9000)} for i in range(60)]
+    a, b, c = (LocalStore(tmp_path / n) for n in "abc")
+    _write(a, samples, batch_bytes=50_000)
+    _write(b, samples, batch_bytes=50_000)
+    _write(c, samples, batch_bytes=7_000)
+    assert a.get(KEY) == b.get(KEY)
+    # Other batching may change stale page tails, never the content.
+    assert [_fields(s) for s in LMDBReader(c, KEY)] == [_fields(s) for s in LMDBReader(a, KEY)]
+
+
+def test_num_bytes_estimates_the_published_size(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    writer = LMDBWriter(store, KEY, batch_bytes=1 << 20)
+    for i in range(100):
+        writer.write({"__key__": f"k{i:03d}", "jpg": os.urandom(30_000), "cls": i})
+    estimate = writer.num_bytes
+    info = writer.close()
+    assert 0.9 * info.num_bytes <= estimate <= 1.1 * info.num_bytes
+
+
+def test_bad_samples_are_rejected(store: Store) -> None:
+    writer = LMDBWriter(store, KEY)
+    writer.write({"__key__": "a", "bin": b"1"})
+    with pytest.raises(InvalidArgumentError, match="already written"):
+        writer.write({"__key__": "a", "bin": b"2"})
+    with pytest.raises(InvalidArgumentError, match="511"):
+        writer.write({"__key__": "k" * 600, "bin": b"2"})
+    with pytest.raises(InvalidArgumentError):
+        writer.write({"__key__": "nul\x00key", "bin": b"2"})
+    writer.write({"__key__": "b", "bin": b"3"})
+    writer.close()
+    assert [s["__key__"] for s in LMDBReader(store, KEY)] == ["a", "b"]
+
+
+def test_abort_leaves_no_scratch_files(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    writer = LMDBWriter(store, KEY)
+    writer.write({"__key__": "a", "bin": b"1" * 10_000})
+    writer.abort()
+    writer.abort()
+    assert store.list_keys() == []
+    assert os.listdir(tmp_path / "ds") == []
+
+
+# ---- interop: py-lmdb + msgpack alone, following README.md -------------------------------------
+
+
+def test_readme_reader_with_py_lmdb_and_msgpack_only(tmp_path: Path) -> None:
+    samples = [
+        {"__key__": "n01/img_0002", "jpg": b"\xff\xd8jpeg2", "cls": 3},
+        {"__key__": "n01/img_0001", "jpg": b"\xff\xd8" + b"j" * 200_000, "cls": 1, "txt": ""},
+        {"__key__": "ünï/κλειδί", "json": {"a": 1}, "cls": 0},
+    ]
+    _write(LocalStore(tmp_path), samples)
+    path = str(tmp_path / KEY)
+
+    head = Path(path).read_bytes()[:24]
+    assert head[10] & 0x08  # P_META
+    assert head[16:20] == bytes.fromhex("dec0efbe")
+    assert head[20:24] == b"\1\0\0\0"
+
+    env = lmdb.open(path, subdir=False, readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            meta = msgpack.unpackb(txn.get(b"\x00fastload/meta"))
+            assert meta == {"format": "fastload-lmdb", "version": 1, "num_samples": 3}
+            got = []
+            for i in range(meta["num_samples"]):
+                key = txn.get(b"\x00fastload/pos/" + i.to_bytes(8, "big"))
+                got.append({"__key__": key.decode("utf-8"), **msgpack.unpackb(txn.get(key))})
+            all_keys = [k for k, _ in txn.cursor()]
+    finally:
+        env.close()
+    assert got == [
+        {"__key__": "n01/img_0002", "jpg": b"\xff\xd8jpeg2", "cls": b"3"},
+        {"__key__": "n01/img_0001", "jpg": b"\xff\xd8" + b"j" * 200_000, "cls": b"1", "txt": b""},
+        {"__key__": "ünï/κλειδί", "json": b'{"a":1}', "cls": b"0"},
+    ]
+    reserved = [k for k in all_keys if k.startswith(b"\x00")]
+    assert all_keys[: len(reserved)] == reserved  # reserved keys come first in a cursor walk
+    assert all(k.startswith(b"\x00fastload/") for k in reserved)
+    assert len(reserved) == 1 + 3
+    assert all_keys[len(reserved) :] == sorted(s["__key__"].encode() for s in samples)
+
+
+def test_reads_a_shard_built_with_py_lmdb_following_the_readme(tmp_path: Path) -> None:
+    path = tmp_path / "foreign.lmdb"
+    env = lmdb.open(str(path), subdir=False, lock=False, map_size=1 << 24)
+    with env.begin(write=True) as txn:
+        txn.put(
+            b"\x00fastload/meta",
+            msgpack.packb(
+                {"format": "fastload-lmdb", "version": 1, "num_samples": 2, "extra": "ignored"}
+            ),
+        )
+        for i, key in enumerate([b"b", b"a"]):
+            txn.put(b"\x00fastload/pos/" + i.to_bytes(8, "big"), key)
+            txn.put(key, msgpack.packb({"txt": key * 3}, use_bin_type=True))
+    env.close()
+    got = list(LMDBReader(LocalStore(tmp_path), "foreign.lmdb"))
+    assert [(s["__key__"], s["txt"]) for s in got] == [("b", b"bbb"), ("a", b"aaa")]
+
+
+def test_detect() -> None:
+    store = MemoryStore("lmdb-detect")
+    _write(store, [{"__key__": "a", "bin": b"1"}])
+    assert detect(store.get(KEY)[:4096])
+    assert not detect(b"\x00" * 4096)
+    assert not detect(b"ustar" * 100)
+    assert not detect(b"")
+
+
+# ---- processes ----------------------------------------------------------------------------------
+
+
+def _child_read(reader: LMDBReader, queue: Any) -> None:
+    try:
+        queue.put(([s["__key__"] for s in reader], reader.read(5)["bin"], os.getpid()))
+    except BaseException as exc:  # report, don't hang the parent
+        queue.put(repr(exc))
+
+
+@pytest.mark.parametrize("kind", ["local", "memory"])
+def test_reader_works_in_forked_child_after_use_in_parent(kind: str, tmp_path: Path) -> None:
+    store: Store = LocalStore(tmp_path) if kind == "local" else MemoryStore("lmdb-fork")
+    samples = [{"__key__": f"k{i}", "bin": bytes([i]) * 5000} for i in range(10)]
+    _write(store, samples)
+    reader = LMDBReader(store, KEY)
+    assert reader.read(5)["bin"] == bytes([5]) * 5000  # opened in the parent
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child_read, args=(reader, queue))
+    proc.start()
+    result = queue.get(timeout=60)
+    proc.join(timeout=60)
+    assert proc.exitcode == 0
+    assert result == ([f"k{i}" for i in range(10)], bytes([5]) * 5000, proc.pid)
+    # The parent's environment still works after the child exited.
+    assert [s["__key__"] for s in reader] == [f"k{i}" for i in range(10)]
+    reader.close()
+
+
+def test_reader_pickles_without_its_environment(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    _write(store, [{"__key__": "a", "bin": b"1"}])
+    reader = LMDBReader(store, KEY, readahead=False)
+    assert reader.read(0)["bin"] == b"1"
+    clone = pickle.loads(pickle.dumps(reader))
+    assert clone._entry is None
+    assert clone.readahead is False
+    assert clone.read(0)["bin"] == b"1"  # same file, same process: the environment is shared
+    reader.close()
+    assert clone.read(0)["bin"] == b"1"
+    clone.close()
+
+
+def test_many_readers_of_one_file_in_one_process(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    _write(store, [{"__key__": f"k{i}", "bin": bytes([i])} for i in range(5)])
+    readers = [LMDBReader(store, KEY) for _ in range(3)]
+    iterators = [iter(r) for r in readers]
+    assert [next(it)["__key__"] for it in iterators] == ["k0", "k0", "k0"]
+    readers[0].close()
+    assert [s["__key__"] for s in iterators[1]] == ["k1", "k2", "k3", "k4"]
+    del readers[1], iterators[1]
+    assert readers[-1].read(4)["bin"] == b"\x04"
+    readers[-1].close()
+    assert LMDBReader(store, KEY).read(2)["bin"] == b"\x02"  # reopened after all were closed
+
+
+def test_remote_store_download_is_removed_on_close() -> None:
+    store = MemoryStore("lmdb-remote")
+    _write(store, [{"__key__": "a", "bin": b"1"}])
+    reader = LMDBReader(store, KEY)
+    assert reader.read(0)["bin"] == b"1"
+    tmp = reader._path
+    assert tmp is not None
+    assert os.path.exists(tmp)
+    reader.close()
+    assert not os.path.exists(tmp)
+    assert reader.read(0)["bin"] == b"1"  # reopens (downloads again)
+    reader.close()
+
+
+# ---- bad input ----------------------------------------------------------------------------------
+
+
+def _corrupt_copy(tmp_path: Path, edit: Any) -> LocalStore:
+    """A shard of three samples, then ``edit(txn)`` applied to it with py-lmdb."""
+    store = LocalStore(tmp_path)
+    _write(store, [{"__key__": f"k{i}", "bin": b"v" * 10} for i in range(3)])
+    env = lmdb.open(str(tmp_path / KEY), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        edit(txn)
+    env.close()
+    return store
+
+
+def test_garbage_file_raises_corrupt_data_naming_the_url(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    store.put(KEY, os.urandom(50_000))
+    reader = LMDBReader(store, KEY)
+    with pytest.raises(CorruptDataError, match=r"train-000000\.lmdb") as info:
+        len(reader)
+    assert info.value.url == store.child_url(KEY)
+    with pytest.raises(CorruptDataError):
+        list(reader)
+    skipping = LMDBReader(store, KEY, on_error="skip")
+    assert list(skipping) == []
+    assert skipping.skipped == 1
+
+
+def test_truncated_file_raises_instead_of_crashing(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    _write(store, [{"__key__": f"k{i}", "bin": os.urandom(8000)} for i in range(20)])
+    data = store.get(KEY)
+    store.put(KEY, data[: len(data) // 2])
+    with pytest.raises(CorruptDataError, match="truncated") as info:
+        LMDBReader(store, KEY).read(19)
+    assert info.value.url == store.child_url(KEY)
+
+
+def test_invalid_msgpack_value_names_the_key(tmp_path: Path) -> None:
+    store = _corrupt_copy(tmp_path, lambda txn: txn.put(b"k1", b"\xc1\xc1 not msgpack"))
+    with pytest.raises(CorruptDataError, match="'k1'") as info:
+        list(LMDBReader(store, KEY))
+    assert info.value.key == "k1"
+    assert info.value.url == store.child_url(KEY)
+    with pytest.raises(CorruptDataError):
+        LMDBReader(store, KEY).get_key("k1")
+    skipping = LMDBReader(store, KEY, on_error="skip")
+    assert [s["__key__"] for s in skipping] == ["k0", "k2"]
+    assert skipping.skipped == 1
+
+
+def test_value_of_wrong_shape_is_corrupt(tmp_path: Path) -> None:
+    store = _corrupt_copy(tmp_path, lambda txn: txn.put(b"k2", msgpack.packb({"bin": 5})))
+    warning = LMDBReader(store, KEY, on_error="warn")
+    assert [s["__key__"] for s in warning] == ["k0", "k1"]
+    assert warning.skipped == 1
+
+
+def test_missing_position_entry_is_corrupt(tmp_path: Path) -> None:
+    pos1 = b"\x00fastload/pos/" + (1).to_bytes(8, "big")
+    store = _corrupt_copy(tmp_path, lambda txn: txn.delete(pos1))
+    with pytest.raises(CorruptDataError, match="position"):
+        LMDBReader(store, KEY).read(1)
+    skipping = LMDBReader(store, KEY, on_error="skip")
+    assert [s["__key__"] for s in skipping] == ["k0", "k2"]
+
+
+def test_missing_meta_key_is_corrupt(tmp_path: Path) -> None:
+    store = _corrupt_copy(tmp_path, lambda txn: txn.delete(b"\x00fastload/meta"))
+    with pytest.raises(CorruptDataError, match="not a fastload LMDB shard"):
+        len(LMDBReader(store, KEY))
+
+
+def test_newer_layout_version_is_refused(tmp_path: Path) -> None:
+    meta = msgpack.packb({"format": "fastload-lmdb", "version": 99, "num_samples": 3})
+    store = _corrupt_copy(tmp_path, lambda txn: txn.put(b"\x00fastload/meta", meta))
+    with pytest.raises(FormatError, match="upgrade fastload"):
+        len(LMDBReader(store, KEY))
+
+
+def test_plain_lmdb_file_without_fastload_keys(tmp_path: Path) -> None:
+    env = lmdb.open(str(tmp_path / "plain.lmdb"), subdir=False, lock=False, map_size=1 << 20)
+    with env.begin(write=True) as txn:
+        txn.put(b"a", b"b")
+    env.close()
+    shutil.copy(tmp_path / "plain.lmdb", tmp_path / "copy.lmdb")
+    assert detect((tmp_path / "copy.lmdb").read_bytes()[:4096])
+    with pytest.raises(CorruptDataError, match="meta"):
+        len(LMDBReader(LocalStore(tmp_path), "copy.lmdb"))
