@@ -1,0 +1,37 @@
+"""Loading: PyTorch datasets and a DataLoader that are exactly-once, deterministic and resumable.
+
+* :func:`open_dataset` opens a dataset by its manifest and returns a map-style
+  :class:`Dataset` (``ds[i]`` in dataset order); :meth:`Dataset.batches` gives the iterable form
+  (:class:`BatchStream`, whole collated batches per rank) for a plain ``torch.utils.data.DataLoader``.
+* :class:`DataLoader` takes PyTorch's DataLoader arguments and adds ``set_epoch``,
+  ``state_dict``/``load_state_dict`` (elastic: another number of workers or ranks, same global
+  batch) and ``stats``.
+
+The order of an epoch is a pure function of (seed, epoch) (:class:`EpochOrder`); how it is split
+into global steps, rank batches and worker tasks is pure arithmetic (:class:`Partition`).
+"""
+
+from fastload.loader._collate import ToTuple, default_collate, to_tuple
+from fastload.loader._dataset import Dataset, open_dataset
+from fastload.loader._dist import detect_rank_world
+from fastload.loader._loader import STATE_VERSION, DataLoader
+from fastload.loader._order import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW, EpochOrder
+from fastload.loader._partition import Partition
+from fastload.loader._stream import BatchMeta, BatchStream
+
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "DEFAULT_WINDOW",
+    "STATE_VERSION",
+    "BatchMeta",
+    "BatchStream",
+    "DataLoader",
+    "Dataset",
+    "EpochOrder",
+    "Partition",
+    "ToTuple",
+    "default_collate",
+    "detect_rank_world",
+    "open_dataset",
+    "to_tuple",
+]

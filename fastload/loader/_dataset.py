@@ -1,0 +1,478 @@
+"""A dataset opened from its manifest: random access to samples, decode and transform hooks.
+
+:class:`Dataset` is a map-style ``torch.utils.data.Dataset`` (``ds[i]`` is sample ``i`` in dataset
+order, i.e. shard by shard as the manifest lists them). :meth:`Dataset.batches` gives the iterable
+form (whole collated batches, partitioned across ranks and workers); :class:`fastload.DataLoader`
+drives that form and adds epochs, resumption and statistics.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+import torch.utils.data
+
+from fastload.errors import FormatError, InvalidArgumentError
+from fastload.formats import Format, OnError, ShardReader, get_format, read_manifest
+from fastload.formats.manifest import Manifest
+from fastload.loader._collate import ToTuple, Transform
+from fastload.loader._order import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW, EpochOrder, check_seed
+from fastload.storage import Store, open_store
+
+if TYPE_CHECKING:
+    from fastload.loader._stream import BatchStream
+
+__all__ = ["Dataset", "open_dataset", "sample_nbytes"]
+
+log = logging.getLogger("fastload.loader")
+
+_ON_ERROR = ("raise", "skip", "warn")
+IntArray = npt.NDArray[np.int64]
+
+
+def sample_nbytes(sample: Mapping[str, Any]) -> int:
+    """Bytes of a raw sample's fields (metadata entries such as ``__key__`` not counted)."""
+    return sum(
+        len(v)
+        for k, v in sample.items()
+        if not k.startswith("__") and isinstance(v, bytes | bytearray | memoryview)
+    )
+
+
+class _Slot:
+    """One open shard reader plus a sequential cursor for readers without random access."""
+
+    __slots__ = ("cursor", "reader")
+
+    def __init__(self, reader: ShardReader) -> None:
+        self.reader = reader
+        self.cursor: tuple[Any, dict[str, Any] | None] | None = None  # (iterator, lookahead)
+
+
+class _ReaderCache:
+    """Open shard readers, an LRU per thread (readers are never shared between threads).
+
+    Reset when the process changes (after ``fork``), so no reader crosses a process boundary.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._per_thread: dict[int, OrderedDict[int, _Slot]] = {}
+
+    def slots(self) -> OrderedDict[int, _Slot]:
+        if self._pid != os.getpid():  # inherited through fork: drop without touching
+            self._pid = os.getpid()
+            self._lock = threading.Lock()
+            self._per_thread = {}
+        ident = threading.get_ident()
+        table = self._per_thread.get(ident)
+        if table is None:
+            with self._lock:
+                table = self._per_thread.setdefault(ident, OrderedDict())
+        return table
+
+    def close_all(self) -> None:
+        if self._pid != os.getpid():
+            self._per_thread = {}
+            return
+        with self._lock:
+            tables, self._per_thread = list(self._per_thread.values()), {}
+        for table in tables:
+            for slot in table.values():
+                _close_quietly(slot.reader)
+
+
+def _close_quietly(reader: ShardReader) -> None:
+    try:
+        reader.close()
+    except Exception as exc:  # closing must not mask the error being handled
+        log.debug("closing reader %s failed: %s", reader.url, exc)
+
+
+class Dataset(torch.utils.data.Dataset[Any]):
+    """A fastload dataset: shards listed by a manifest, read through shard readers.
+
+    Create it with :func:`open_dataset`. ``len(ds)`` is the number of samples; ``ds[i]`` reads,
+    decodes and transforms sample ``i`` in dataset order (random access through the shard index).
+    Under ``on_error="skip"``/``"warn"``, ``ds[i]`` returns ``None`` for a corrupt sample (use
+    :func:`fastload.loader.default_collate`-compatible handling, or prefer :class:`fastload.DataLoader`
+    which drops it from the batch and counts it).
+
+    Pickling: a dataset pickles by configuration (store, manifest, options, callables); open readers
+    are not pickled and reopen lazily in each process. ``decode``/``transform`` must themselves be
+    picklable (module-level functions, not lambdas) for the ``spawn``/``forkserver`` start methods.
+
+    Thread safety: reading from several threads is safe (each thread has its own readers).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        manifest: Manifest,
+        *,
+        prefix: str = "",
+        shuffle: bool = True,
+        seed: int = 0,
+        decode: Callable[[dict[str, Any]], Any] | None = None,
+        transform: Transform | None = None,
+        fields: Sequence[str] | str | None = None,
+        on_error: str = "raise",
+        block_size: int | None = DEFAULT_BLOCK_SIZE,
+        window: int = DEFAULT_WINDOW,
+        max_open_shards: int = 16,
+    ) -> None:
+        if on_error not in _ON_ERROR:
+            raise InvalidArgumentError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
+        if decode is not None and not callable(decode):
+            raise InvalidArgumentError(
+                f"decode must be a callable taking a sample dict, got {type(decode).__name__}"
+            )
+        if transform is not None and not (callable(transform) or isinstance(transform, Mapping)):
+            raise InvalidArgumentError(
+                "transform must be a callable or a mapping field name -> callable, got "
+                f"{type(transform).__name__}"
+            )
+        if isinstance(transform, Mapping):
+            for name, fn in transform.items():
+                if not callable(fn):
+                    raise InvalidArgumentError(f"transform[{name!r}] is not callable: {fn!r}")
+        if isinstance(max_open_shards, bool) or not isinstance(max_open_shards, int):
+            raise InvalidArgumentError(f"max_open_shards must be an int, got {max_open_shards!r}")
+        if max_open_shards < 1:
+            raise InvalidArgumentError(f"max_open_shards must be >= 1, got {max_open_shards}")
+        self.store = store
+        self.prefix = prefix.strip("/")
+        self.manifest = manifest
+        self.format_name = manifest.format
+        self.shuffle = bool(shuffle)
+        self.seed = check_seed("seed", seed)
+        self.block_size = block_size
+        self.window = window
+        EpochOrder([1], seed=self.seed, block_size=block_size, window=window)  # validates options
+        self.decode = decode
+        self.transform = transform
+        if isinstance(fields, str):
+            fields = (fields,)
+        self.select: ToTuple | None = ToTuple(*fields) if fields is not None else None
+        self.on_error: OnError = on_error  # type: ignore[assignment]
+        self.max_open_shards = max_open_shards
+        self.shard_keys = [self._key(s.name) for s in manifest.shards]
+        self.index_keys = [self._key(s.index) if s.index else None for s in manifest.shards]
+        self.shard_sizes: IntArray = np.asarray(
+            [s.num_samples for s in manifest.shards], dtype=np.int64
+        )
+        self._starts: IntArray = np.zeros(len(self.shard_sizes), dtype=np.int64)
+        if len(self.shard_sizes) > 1:
+            np.cumsum(self.shard_sizes[:-1], out=self._starts[1:])
+        self.num_samples = int(self.shard_sizes.sum())
+        self._format: Format | None = None
+        self._readers = _ReaderCache(max_open_shards)
+        self._warned_sequential = False
+
+    # ---- pickling ---------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_format"] = None
+        state["_readers"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._readers = _ReaderCache(self.max_open_shards)
+
+    # ---- description ------------------------------------------------------------------------
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    @property
+    def url(self) -> str:
+        """The dataset root URL (no credentials)."""
+        return self.store.child_url(self.prefix) if self.prefix else self.store.url
+
+    @property
+    def num_shards(self) -> int:
+        """Number of shards in the manifest (empty ones included)."""
+        return len(self.shard_keys)
+
+    @property
+    def format(self) -> Format:
+        """The shard format (resolved lazily in each process)."""
+        if self._format is None:
+            self._format = get_format(self.format_name)
+        return self._format
+
+    def shard_url(self, shard: int) -> str:
+        """The URL of shard number ``shard``."""
+        return self.store.child_url(self.shard_keys[shard])
+
+    def order_options(self) -> dict[str, Any]:
+        """The options that define the epoch order (they go into loader state dicts)."""
+        return {
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "block_size": self.block_size,
+            "window": self.window,
+        }
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __repr__(self) -> str:
+        return (
+            f"Dataset({self.url!r}, format={self.format_name!r}, samples={self.num_samples}, "
+            f"shards={self.num_shards}, shuffle={self.shuffle}, seed={self.seed})"
+        )
+
+    # ---- order and location -----------------------------------------------------------------
+
+    def order(self, epoch: int) -> EpochOrder:
+        """The global order of ``epoch`` (see :mod:`fastload.loader._order`)."""
+        return EpochOrder(
+            self.shard_sizes.tolist(),
+            seed=self.seed,
+            epoch=epoch,
+            shuffle=self.shuffle,
+            block_size=self.block_size,
+            window=self.window,
+        )
+
+    def locate(self, indices: npt.ArrayLike) -> tuple[IntArray, IntArray]:
+        """``(shard numbers, positions in shard)`` of dataset indices."""
+        idx = np.asarray(indices, dtype=np.int64)
+        shard = np.searchsorted(self._starts, idx, side="right") - 1
+        return shard, idx - self._starts[shard]
+
+    # ---- reading ----------------------------------------------------------------------------
+
+    def _slot(self, shard: int) -> _Slot:
+        table = self._readers.slots()
+        slot = table.get(shard)
+        if slot is not None:
+            table.move_to_end(shard)
+            return slot
+        reader = self.format.reader(
+            self.store,
+            self.shard_keys[shard],
+            on_error=self.on_error,
+            index_key=self.index_keys[shard],
+        )
+        slot = _Slot(reader)
+        table[shard] = slot
+        while len(table) > self._readers.capacity:
+            _, old = table.popitem(last=False)
+            _close_quietly(old.reader)
+        return slot
+
+    def read_raw(self, shard: int, pos: int) -> dict[str, Any] | None:
+        """Read sample ``pos`` of shard ``shard`` as stored (``{"__key__", field: bytes}``).
+
+        Returns ``None`` when the sample is corrupt and the error policy is ``skip``/``warn``.
+
+        Raises:
+            FormatError: Corrupt data under ``on_error="raise"`` (names shard URL and offset/key).
+            StoreError: The store failed (missing shard, network): never skipped.
+        """
+        slot = self._slot(shard)
+        reader = slot.reader
+        try:
+            sample: dict[str, Any] | None
+            if reader.supports_random_access:
+                sample = reader.read(pos)
+            else:
+                sample = self._read_sequential(slot, shard, pos)
+        except FormatError as exc:
+            if self.on_error == "raise":
+                raise
+            if self.on_error == "warn":
+                log.warning("skipping corrupt sample %d of %s: %s", pos, self.shard_url(shard), exc)
+            return None
+        return sample
+
+    def _read_sequential(self, slot: _Slot, shard: int, pos: int) -> dict[str, Any] | None:
+        if not self._warned_sequential:
+            self._warned_sequential = True
+            log.warning(
+                "shard reader %s has no random access; reading sequentially (slow for shuffled "
+                "access). Build indexes with `fastload index %s`",
+                type(slot.reader).__name__,
+                self.url,
+            )
+        if slot.cursor is None or slot.cursor[1] is None or slot.cursor[1]["__index__"] > pos:
+            it = slot.reader.iter_from(pos)
+            slot.cursor = (it, next(it, None))
+        it, ahead = slot.cursor
+        while ahead is not None and ahead.get("__index__", pos) < pos:
+            ahead = next(it, None)
+        slot.cursor = (it, ahead)
+        if ahead is None or ahead.get("__index__", pos) != pos:
+            return None  # the reader skipped it as corrupt
+        slot.cursor = (it, next(it, None))
+        return ahead
+
+    def decode_raw(self, raw: dict[str, Any]) -> Any:
+        """Apply ``decode`` (if any) to a raw sample."""
+        return raw if self.decode is None else self.decode(raw)
+
+    def finish(self, sample: Any) -> Any:
+        """Apply ``transform`` and the ``fields`` selection to a decoded sample."""
+        transform = self.transform
+        if isinstance(transform, Mapping):
+            if not isinstance(sample, Mapping):
+                raise InvalidArgumentError(
+                    "a per-field transform mapping needs samples that are dicts; decode returned "
+                    f"{type(sample).__name__}"
+                )
+            sample = dict(sample)
+            for name, fn in transform.items():
+                if name in sample:
+                    sample[name] = fn(sample[name])
+        elif transform is not None:
+            sample = transform(sample)
+        if self.select is not None:
+            sample = self.select(sample)
+        return sample
+
+    def __getitem__(self, index: int) -> Any:
+        """Sample ``index`` in dataset order, decoded and transformed (``None`` if skipped)."""
+        if isinstance(index, bool) or not isinstance(index, int | np.integer):
+            raise InvalidArgumentError(f"dataset index must be an int, got {index!r}")
+        i = int(index)
+        if i < 0:
+            i += self.num_samples
+        if not 0 <= i < self.num_samples:
+            raise IndexError(f"index {index} out of range for {self.num_samples} samples")
+        shard, pos = (int(x) for x in self.locate(i))
+        raw = self.read_raw(shard, pos)
+        if raw is None:
+            return None
+        try:
+            decoded = self.decode_raw(raw)
+        except Exception as exc:
+            if self.on_error == "raise":
+                exc.add_note(
+                    f"while decoding sample {raw.get('__key__')!r} of {self.shard_url(shard)}"
+                )
+                raise
+            log.debug("skipping undecodable sample %r: %s", raw.get("__key__"), exc)
+            return None
+        return self.finish(decoded)
+
+    def describe(self, shard: int, pos: int, key: str | None = None) -> str:
+        """Where a sample lives, for error messages."""
+        what = f"sample {key!r}" if key is not None else f"sample at position {pos}"
+        return f"{what} of shard {self.shard_url(shard)} (position {pos})"
+
+    def close(self) -> None:
+        """Close this process's open shard readers; the dataset stays usable."""
+        if self._readers is not None:
+            self._readers.close_all()
+
+    # ---- iterable form ----------------------------------------------------------------------
+
+    def batches(
+        self,
+        batch_size: int,
+        *,
+        drop_last: bool = False,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        epoch: int = 0,
+        io_threads: int = 4,
+        prefetch_batches: int = 1,
+    ) -> BatchStream:
+        """The iterable form: an ``IterableDataset`` of collated batches for this rank.
+
+        Use it with ``torch.utils.data.DataLoader(stream, batch_size=None, num_workers=...)``, or
+        let :class:`fastload.DataLoader` build it. Rank and world size are detected now (see
+        :func:`~fastload.loader._dist.detect_rank_world`) unless given.
+        """
+        from fastload.loader._stream import BatchStream
+
+        return BatchStream(
+            self,
+            batch_size,
+            drop_last=drop_last,
+            collate_fn=collate_fn,
+            rank=rank,
+            world_size=world_size,
+            epoch=epoch,
+            io_threads=io_threads,
+            prefetch_batches=prefetch_batches,
+        )
+
+
+def open_dataset(
+    url: str | os.PathLike[str] | Store,
+    *,
+    shuffle: bool = True,
+    seed: int = 0,
+    decode: Callable[[dict[str, Any]], Any] | None = None,
+    transform: Transform | None = None,
+    fields: Sequence[str] | str | None = None,
+    on_error: str = "raise",
+    block_size: int | None = DEFAULT_BLOCK_SIZE,
+    window: int = DEFAULT_WINDOW,
+    max_open_shards: int = 16,
+    store_options: Mapping[str, Any] | None = None,
+) -> Dataset:
+    """Open a dataset by its manifest (``fastload.json`` at ``url``).
+
+    Args:
+        url: The dataset root: a local path, ``file://``, ``s3://bucket/prefix``, ... (opened with
+            :func:`fastload.open_store`), or an open :class:`~fastload.storage.Store` whose root
+            is the dataset root.
+        shuffle: Shuffle the epoch order (block shuffle with a window, see ``block_size``).
+        seed: Non-negative seed of the order; the order is a pure function of (seed, epoch).
+        decode: ``raw sample -> sample``: runs first on each sample (in the worker). The raw
+            sample is ``{"__key__": str, "__url__": shard URL, "__index__": int, field: bytes}``.
+            ``None`` keeps the bytes.
+        transform: ``sample -> sample`` after decoding, or a mapping ``field -> callable``
+            applied to those fields of a dict sample.
+        fields: Return tuples of these fields (``("jpg;png", "cls")``, see :func:`to_tuple`)
+            instead of dicts; applied after ``transform``.
+        on_error: For corrupt samples: ``"raise"`` (default), ``"skip"`` (drop and count) or
+            ``"warn"`` (drop, count and log). Errors raised by ``decode`` count as corrupt data;
+            errors raised by ``transform`` always raise (they are bugs, not bad data).
+        block_size: Samples per shuffle block (locality of reads); ``None`` = whole shards.
+        window: Blocks per shuffle window (how far samples mix locally).
+        max_open_shards: Open shard readers kept per reading thread (LRU).
+        store_options: Options for :func:`fastload.open_store` (``endpoint_url``, ...).
+
+    Raises:
+        ObjectNotFoundError: No manifest at ``url``.
+        ManifestError: The manifest is malformed.
+        InvalidArgumentError: An option is invalid, or the format is unknown.
+    """
+    if isinstance(url, Store):
+        if store_options:
+            raise InvalidArgumentError("store_options apply only when url is a URL, not a Store")
+        store = url
+    else:
+        store = open_store(url, **dict(store_options or {}))
+    manifest = read_manifest(store, "")
+    get_format(manifest.format)  # fail early (with the list of formats) on unknown formats
+    return Dataset(
+        store,
+        manifest,
+        shuffle=shuffle,
+        seed=seed,
+        decode=decode,
+        transform=transform,
+        fields=fields,
+        on_error=on_error,
+        block_size=block_size,
+        window=window,
+        max_open_shards=max_open_shards,
+    )

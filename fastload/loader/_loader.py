@@ -1,0 +1,410 @@
+"""``fastload.DataLoader``: PyTorch's DataLoader arguments, plus epochs, exact resumption and stats.
+
+The loader wraps ``torch.utils.data.DataLoader(batch_size=None)`` around a :class:`BatchStream`:
+workers build whole collated batches, and the main process counts what it hands to the training
+loop. That count is the resumable state: ``state_dict()`` is O(1) (epoch, global step, and the
+options that define the order), taken in the main process, with no per-step snapshot of workers.
+
+**Epochs**: call :meth:`DataLoader.set_epoch` before each epoch (as with ``DistributedSampler``);
+without it every iteration replays the same order. ``len(loader)`` is the number of batches the
+next (or current) iteration yields on this rank; every rank gets the same number.
+
+**Resume**: :meth:`DataLoader.load_state_dict` makes the next iteration continue the saved epoch at
+the saved global step: the remaining samples are exactly those not yet delivered. The number of
+workers may change, and so may the world size, as long as the global batch size (``batch_size x
+world_size``) is the same. ``set_epoch(e)`` with the saved epoch keeps the pending resume; another
+epoch starts that epoch from step 0. A resumed epoch's following epochs start at step 0.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.utils.data
+
+from fastload.errors import FastloadError, InvalidArgumentError, WorkerError
+from fastload.loader._dataset import Dataset, _ReaderCache
+from fastload.loader._device import prefetch_to_device, resolve_device
+from fastload.loader._order import check_seed
+from fastload.loader._partition import Partition
+from fastload.loader._stream import BatchMeta, BatchStream
+
+__all__ = ["STATE_VERSION", "DataLoader"]
+
+#: Version of the ``state_dict()`` layout.
+STATE_VERSION = 1
+
+
+def _unwrap(item: Any) -> Any:
+    """Collate function of the inner torch DataLoader: items are already whole batches."""
+    return item
+
+
+class DataLoader:
+    """Batches from a fastload dataset: exactly once per epoch across ranks, resumable, fast.
+
+    Arguments follow ``torch.utils.data.DataLoader``; the differences:
+
+    * ``shuffle`` defaults to the dataset's setting (``open_dataset(shuffle=..., seed=...)``); the
+      order is a pure function of (seed, epoch), so ``sampler``, ``batch_sampler`` and
+      ``generator`` are not accepted (use ``torch.utils.data.DataLoader`` with the map-style
+      dataset to bring your own sampler).
+    * ``batch_size`` is per rank; ``drop_last`` applies to the global step (see
+      :mod:`fastload.loader._partition`): by default the last global step is split evenly over the
+      ranks, padding at most ``world_size - 1`` repeated samples (counted in :meth:`stats`).
+    * ``collate_fn`` runs inside the workers on the list of processed samples.
+    * ``in_order`` must stay ``True`` (exact resumption needs the batches in step order).
+
+    Args:
+        dataset: A :class:`~fastload.loader.Dataset` from :func:`fastload.open_dataset`.
+        batch_size: Samples per batch on this rank.
+        shuffle: Override the dataset's ``shuffle``.
+        num_workers: Worker processes (0 = load in the main process, with I/O threads).
+        collate_fn: ``list of samples -> batch`` (default: like torch's ``default_collate``).
+        pin_memory: Pin batches in page-locked memory (for fast copies to a GPU).
+        drop_last: Drop the incomplete last global step instead of padding.
+        timeout: Seconds to wait for a batch from a worker (0 = no limit; a dead worker is
+            always detected).
+        worker_init_fn: Called in each worker process at start-up with the worker id.
+        multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or a context object.
+        prefetch_factor: Batches each worker prepares ahead (torch's meaning).
+        persistent_workers: Keep workers alive between epochs; ``set_epoch`` still reaches them.
+        pin_memory_device: Passed to torch.
+        device: ``"cuda"`` (or ``"cuda:N"``) moves every batch to that GPU on a side stream one
+            batch ahead (and turns on ``pin_memory``); ``None``/``"cpu"`` leaves batches on the CPU.
+        rank: This process's rank (detected from ``torch.distributed`` or ``RANK`` if ``None``).
+        world_size: Number of ranks (detected likewise if ``None``).
+        io_threads: Reader threads per worker that fetch the next batch's samples ahead.
+        prefetch_batches: Batches per worker whose reads run ahead of decoding.
+
+    Thread and process safety: use one loader from one thread. The loader, its dataset and its
+    stream pickle, so every multiprocessing start method works (``decode``, ``transform`` and
+    ``collate_fn`` must be picklable for ``spawn``/``forkserver``).
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int = 1,
+        shuffle: bool | None = None,
+        sampler: Any = None,
+        batch_sampler: Any = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0.0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: Any = None,
+        generator: Any = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        device: str | torch.device | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        io_threads: int = 4,
+        prefetch_batches: int = 1,
+    ) -> None:
+        if not isinstance(dataset, Dataset):
+            raise InvalidArgumentError(
+                f"fastload.DataLoader needs a dataset from fastload.open_dataset, got "
+                f"{type(dataset).__name__}; for other datasets use torch.utils.data.DataLoader"
+            )
+        for name, value in (
+            ("sampler", sampler),
+            ("batch_sampler", batch_sampler),
+            ("generator", generator),
+        ):
+            if value is not None:
+                raise InvalidArgumentError(
+                    f"fastload.DataLoader does not take {name}=: the order is a pure function of "
+                    "(seed, epoch); set shuffle/seed in fastload.open_dataset, or use "
+                    "torch.utils.data.DataLoader with the map-style dataset and your own sampler"
+                )
+        if not in_order:
+            raise InvalidArgumentError(
+                "in_order=False is not supported: exact resumption needs batches in step order"
+            )
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise InvalidArgumentError(f"num_workers must be an int >= 0, got {num_workers!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InvalidArgumentError(
+                f"batch_size must be a positive int (samples per batch on this rank), got "
+                f"{batch_size!r}"
+            )
+        if shuffle is not None and bool(shuffle) != dataset.shuffle:
+            dataset = copy.copy(dataset)
+            dataset.shuffle = bool(shuffle)
+            dataset._readers = _ReaderCache(dataset.max_open_shards)
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.drop_last = bool(drop_last)
+        self.device = resolve_device(device)
+        self.pin_memory = bool(pin_memory) or self.device is not None
+        self._stream = BatchStream(
+            dataset,
+            batch_size,
+            drop_last=drop_last,
+            collate_fn=collate_fn,
+            rank=rank,
+            world_size=world_size,
+            io_threads=io_threads,
+            prefetch_batches=prefetch_batches,
+            with_meta=True,
+        )
+        self.rank, self.world_size = self._stream.rank, self._stream.world_size
+        torch_kwargs: dict[str, Any] = {
+            "batch_size": None,
+            "num_workers": num_workers,
+            "collate_fn": _unwrap,
+            "pin_memory": self.pin_memory,
+            "timeout": timeout,
+            "worker_init_fn": worker_init_fn,
+            "multiprocessing_context": multiprocessing_context if num_workers else None,
+            "persistent_workers": persistent_workers and num_workers > 0,
+            "pin_memory_device": pin_memory_device,
+        }
+        if num_workers > 0 and prefetch_factor is not None:
+            torch_kwargs["prefetch_factor"] = prefetch_factor
+        self._torch_kwargs = torch_kwargs
+        self._torch: torch.utils.data.DataLoader[Any] | None = None
+        self._epoch = 0
+        self._step = 0  # global steps of self._epoch consumed by the training loop
+        self._resume: int | None = None  # start step of the next iteration, from load_state_dict
+        self._iter_start = 0
+        self._iterating = False
+        self._stats = _Stats()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_torch"] = None  # holds worker processes; rebuilt on first iteration
+        state["_iterating"] = False
+        return state
+
+    # ---- epochs and state -------------------------------------------------------------------
+
+    @property
+    def partition(self) -> Partition:
+        """The :class:`~fastload.loader._partition.Partition` of an epoch on this job."""
+        return self._stream.partition
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the loader iterates (set with :meth:`set_epoch`)."""
+        return self._epoch
+
+    @property
+    def global_batch_size(self) -> int:
+        """``batch_size x world_size``."""
+        return self._stream.partition.global_batch_size
+
+    def set_epoch(self, epoch: int) -> None:
+        """Iterate epoch ``epoch`` next (changes the order when shuffling).
+
+        After :meth:`load_state_dict`, ``set_epoch`` with the saved epoch keeps the resume point;
+        any other epoch starts from step 0.
+        """
+        check_seed("epoch", epoch)
+        if epoch == self._epoch and self._resume is not None:
+            return
+        self._epoch, self._step, self._resume = epoch, 0, None
+
+    def __len__(self) -> int:
+        start = self._iter_start if self._iterating else (self._resume or 0)
+        return int(self.partition.remaining_steps(start))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The resumable position: small, O(1) in the dataset size, taken in the main process.
+
+        ``step`` counts the global steps of ``epoch`` whose batches this loader has handed to the
+        training loop (a batch counts once it is yielded).
+        """
+        return {
+            "version": STATE_VERSION,
+            "epoch": self._epoch,
+            "step": self._step,
+            "global_batch_size": self.partition.global_batch_size,
+            "num_samples": self.partition.num_samples,
+            "world_size": self.world_size,
+            "drop_last": self.drop_last,
+            **self.dataset.order_options(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (from :meth:`state_dict`, possibly of another job size).
+
+        Raises:
+            InvalidArgumentError: The state is from another dataset or order (sample count, seed,
+                shuffle options), a different global batch size, or an unknown version; the
+                message says which and how to fix it.
+        """
+        if not isinstance(state, dict) or "version" not in state:
+            raise InvalidArgumentError(
+                "not a fastload DataLoader state dict (no 'version'); pass what state_dict() returned"
+            )
+        if state["version"] != STATE_VERSION:
+            raise InvalidArgumentError(
+                f"state dict version {state['version']!r} is not supported (this fastload writes "
+                f"version {STATE_VERSION}); resume with the fastload version that saved it"
+            )
+        try:
+            epoch, step = int(state["epoch"]), int(state["step"])
+            saved_g = int(state["global_batch_size"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidArgumentError(f"malformed DataLoader state dict: {exc!r}") from exc
+        if epoch < 0 or step < 0:
+            raise InvalidArgumentError(f"state dict has negative epoch/step: {epoch}, {step}")
+        g = self.partition.global_batch_size
+        if saved_g != g:
+            raise InvalidArgumentError(
+                f"the state was saved with a global batch size of {saved_g} "
+                f"(batch_size x world_size), but this loader has {self.batch_size} x "
+                f"{self.world_size} = {g}. Resuming exactly needs the same global batch size: use "
+                f"batch_size={saved_g // self.world_size if saved_g % self.world_size == 0 else '?'}"
+                f" with world_size={self.world_size}"
+                + ("" if saved_g % self.world_size == 0 else " (not divisible: change world size)")
+            )
+        if state.get("num_samples") != self.partition.num_samples:
+            raise InvalidArgumentError(
+                f"the state is for a dataset of {state.get('num_samples')} samples, but "
+                f"{self.dataset.url} has {self.partition.num_samples}; resume on the same dataset"
+            )
+        for name, value in self.dataset.order_options().items():
+            if name in state and state[name] != value:
+                raise InvalidArgumentError(
+                    f"the state was saved with {name}={state[name]!r} but this dataset has "
+                    f"{name}={value!r}; open the dataset with the same order options to resume"
+                )
+        self._epoch, self._step, self._resume = epoch, step, step
+
+    # ---- iteration --------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        start = self._resume if self._resume is not None else 0
+        self._resume = None
+        epoch = self._epoch
+        self._step = start
+        self._iter_start = start
+        self._stream.set_epoch(epoch, start)
+        self._iterating = True
+        return self._run(epoch, start)
+
+    def _run(self, epoch: int, start: int) -> Iterator[Any]:
+        stats = self._stats
+        began = time.perf_counter()
+        if self._torch is None:
+            self._torch = torch.utils.data.DataLoader(self._stream, **self._torch_kwargs)
+        source: Iterator[tuple[BatchMeta, Any]] = iter(self._torch)
+        if self.device is not None:
+            source = prefetch_to_device(source, self.device)
+        expected = start
+        try:
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    meta, batch = next(source)
+                except StopIteration:
+                    break
+                except FastloadError:
+                    raise
+                except Exception as exc:
+                    raise self._worker_error(epoch, expected, start, exc) from exc
+                now = time.perf_counter()
+                stats.stall += now - t0
+                if meta.step != expected:
+                    raise WorkerError(
+                        f"internal error: expected the batch of global step {expected} on rank "
+                        f"{self.rank}, got step {meta.step} from worker {meta.worker}; please "
+                        "report this"
+                    )
+                expected += 1
+                stats.add(meta)
+                stats.elapsed += now - began
+                began = now
+                if self.epoch == epoch:
+                    self._step = meta.step + 1
+                yield batch
+        finally:
+            self._iterating = False
+
+    def _worker_error(self, epoch: int, step: int, start: int, exc: BaseException) -> WorkerError:
+        """A WorkerError for a failure (death, timeout) while waiting for ``step``'s batch."""
+        where = f"rank {self.rank}, global step {step} of epoch {epoch}"
+        shards = ""
+        if step < self.partition.num_steps:
+            worker = (step - start) % max(1, self.num_workers)
+            where += f", worker {worker}"
+            try:
+                planned = self._stream._plan(self.dataset.order(epoch), step, self.rank)
+                urls = sorted({self.dataset.shard_url(int(s)) for s in planned.shards})
+                shards = f"; the batch reads from {', '.join(urls[:5])}" + (
+                    f" and {len(urls) - 5} more shards" if len(urls) > 5 else ""
+                )
+            except Exception:  # describing the failure must not hide it
+                shards = ""
+        return WorkerError(
+            f"loading failed at {where}{shards}: {type(exc).__name__}: {exc}. A worker that died "
+            "was often killed for memory (lower num_workers, prefetch_factor or batch_size)"
+        )
+
+    # ---- statistics -------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, float | int]:
+        """Counters since the loader was made (or since :meth:`reset_stats`).
+
+        Keys: ``batches``, ``samples`` (delivered), ``bytes`` (raw field bytes read),
+        ``elapsed_s`` (wall time inside iterations), ``samples_per_s``, ``bytes_per_s``,
+        ``data_stall_s`` (time the training loop waited for the next batch), ``padded``
+        (repeated samples delivered to even out ranks), ``skipped`` (corrupt samples dropped),
+        ``dropped_per_epoch`` (samples ``drop_last`` leaves out of each epoch), ``epoch``, ``step``.
+        """
+        s = self._stats
+        rate = 1.0 / s.elapsed if s.elapsed > 0 else 0.0
+        return {
+            "batches": s.batches,
+            "samples": s.samples,
+            "bytes": s.nbytes,
+            "elapsed_s": s.elapsed,
+            "samples_per_s": s.samples * rate,
+            "bytes_per_s": s.nbytes * rate,
+            "data_stall_s": s.stall,
+            "padded": s.padded,
+            "skipped": s.skipped,
+            "dropped_per_epoch": self.partition.dropped,
+            "epoch": self._epoch,
+            "step": self._step,
+        }
+
+    def reset_stats(self) -> None:
+        """Zero the counters of :meth:`stats`."""
+        self._stats = _Stats()
+
+    def __repr__(self) -> str:
+        return (
+            f"fastload.DataLoader({self.dataset!r}, batch_size={self.batch_size}, "
+            f"num_workers={self.num_workers}, rank={self.rank}, world_size={self.world_size}, "
+            f"drop_last={self.drop_last}, epoch={self._epoch}, step={self._step})"
+        )
+
+
+class _Stats:
+    __slots__ = ("batches", "elapsed", "nbytes", "padded", "samples", "skipped", "stall")
+
+    def __init__(self) -> None:
+        self.batches = self.samples = self.nbytes = self.padded = self.skipped = 0
+        self.elapsed = self.stall = 0.0
+
+    def add(self, meta: BatchMeta) -> None:
+        self.batches += 1
+        self.samples += meta.size
+        self.nbytes += meta.nbytes
+        self.padded += meta.padded
+        self.skipped += meta.skipped

@@ -1,0 +1,421 @@
+"""The iterable form of a dataset: whole collated batches for one rank, split across workers.
+
+A :class:`BatchStream` yields the batches of one rank for one epoch, in global-step order, each one
+collated inside the worker that produced it (one inter-process message per batch, not per sample).
+Which batches a (rank, worker) produces is pure arithmetic (:class:`~fastload.loader._partition.
+Partition`), and which samples a batch holds comes from the epoch's global order
+(:class:`~fastload.loader._order.EpochOrder`): no communication, no shared state but the epoch
+number and the step to start from.
+
+Inside a worker, reads run ahead: while batch ``k`` is decoded, a small thread pool already reads
+the samples of the worker's next batch (store and shard I/O release the GIL). Reads of one batch are
+sorted by (shard, position) and split over the threads; each thread keeps its own open readers.
+
+**Error accounting** (``on_error="skip"``/``"warn"``): a sample that cannot be read (corrupt data)
+or decoded is dropped from its batch and counted in the batch's :class:`BatchMeta` (``skipped``).
+For every global step the loader consumes, ``delivered + skipped`` equals the step's positions, so
+over an epoch every sample is delivered once or counted as skipped once (plus the counted padding).
+A batch whose samples were all skipped is still yielded, with zero rows, so that every rank yields
+the same number of batches. Store errors (missing shard, network) and ``transform`` errors always
+raise :class:`~fastload.errors.WorkerError` naming the shard URL and sample key.
+
+**Randomness**: inside DataLoader worker processes, Python's ``random``, NumPy's global generator
+and torch's default generator are reseeded before each batch from (seed, epoch, step), so random
+augmentations are reproducible and independent of the number of workers. The main process's
+generators are never touched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+import torch.utils.data
+
+from fastload.errors import FastloadError, FormatError, InvalidArgumentError, WorkerError
+from fastload.loader._collate import default_collate, empty_like_batch
+from fastload.loader._dataset import Dataset, sample_nbytes
+from fastload.loader._dist import detect_rank_world
+from fastload.loader._order import EpochOrder, check_seed
+from fastload.loader._partition import Partition
+
+__all__ = ["BatchMeta", "BatchStream"]
+
+log = logging.getLogger("fastload.loader")
+
+IntArray = npt.NDArray[np.int64]
+_TAG_AUGMENT = 3  # SeedSequence domain tag for per-batch augmentation seeds (see _order.py)
+_TEMPLATE_TRIES = 1000
+
+
+@dataclass(frozen=True)
+class BatchMeta:
+    """What a worker reports with each batch (travels beside it to the main process).
+
+    Attributes:
+        step: Global step of the batch.
+        rank: Rank that produced it.
+        worker: Worker id within the rank (0 without worker processes).
+        size: Samples in the batch (after skips).
+        padded: Padding positions in the batch (repeats of samples delivered elsewhere).
+        skipped: Samples dropped as corrupt or undecodable.
+        nbytes: Bytes of the raw fields read for the batch.
+    """
+
+    step: int
+    rank: int
+    worker: int
+    size: int
+    padded: int
+    skipped: int
+    nbytes: int
+
+
+@dataclass
+class _Planned:
+    step: int
+    indices: IntArray  # dataset indices, batch order
+    shards: IntArray
+    positions: IntArray
+    padded: int
+
+
+# A read result: (item number in the batch, raw sample or None if skipped, exception or None).
+_ReadResult = tuple[int, dict[str, Any] | None, BaseException | None]
+
+
+class BatchStream(torch.utils.data.IterableDataset[Any]):
+    """Collated batches of one rank, for ``torch.utils.data.DataLoader(stream, batch_size=None)``.
+
+    Args:
+        dataset: The :class:`Dataset` (order options, decode and transform come from it).
+        batch_size: Samples per batch on this rank (``B``); the global batch is ``B x world_size``.
+        drop_last: Drop the incomplete last global step instead of padding (see
+            :mod:`fastload.loader._partition`).
+        collate_fn: ``list of samples -> batch``; default :func:`default_collate`.
+        rank: This rank; detected (``torch.distributed``, ``RANK``) when ``None``.
+        world_size: Number of ranks; detected (``torch.distributed``, ``WORLD_SIZE``) when ``None``.
+        epoch: Initial epoch (change it with :meth:`set_epoch`).
+        io_threads: Reader threads per process (0 reads in the calling thread).
+        prefetch_batches: Batches whose reads run ahead of decoding, per worker.
+
+    ``len(stream)`` is the number of batches this rank yields for the current epoch and start step
+    (the same on every rank). The epoch and start step live in shared memory, so
+    :meth:`set_epoch` reaches persistent DataLoader workers too.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        *,
+        drop_last: bool = False,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        epoch: int = 0,
+        io_threads: int = 4,
+        prefetch_batches: int = 1,
+        with_meta: bool = False,
+    ) -> None:
+        if not isinstance(dataset, Dataset):
+            raise InvalidArgumentError(
+                f"BatchStream needs a fastload Dataset (from fastload.open_dataset), got "
+                f"{type(dataset).__name__}"
+            )
+        if isinstance(io_threads, bool) or not isinstance(io_threads, int) or io_threads < 0:
+            raise InvalidArgumentError(f"io_threads must be an int >= 0, got {io_threads!r}")
+        if (
+            isinstance(prefetch_batches, bool)
+            or not isinstance(prefetch_batches, int)
+            or prefetch_batches < 0
+        ):
+            raise InvalidArgumentError(
+                f"prefetch_batches must be an int >= 0, got {prefetch_batches!r}"
+            )
+        if collate_fn is not None and not callable(collate_fn):
+            raise InvalidArgumentError(f"collate_fn must be callable, got {collate_fn!r}")
+        self.dataset = dataset
+        self.rank, self.world_size = detect_rank_world(rank, world_size)
+        self.partition = Partition(
+            dataset.num_samples, self.world_size, batch_size, bool(drop_last)
+        )
+        self.batch_size = batch_size
+        self.drop_last = bool(drop_last)
+        self.collate_fn = collate_fn if collate_fn is not None else default_collate
+        self.io_threads = io_threads
+        self.prefetch_batches = prefetch_batches
+        self.with_meta = with_meta
+        # [epoch, start step], in shared memory so that persistent workers see changes.
+        self._control = torch.zeros(2, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        self.set_epoch(epoch)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_pid = -1
+        self._template: Any = None
+
+    # ---- pickling ---------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_pool"] = None
+        state["_pool_pid"] = -1
+        state["_template"] = None
+        return state
+
+    # ---- epoch control ----------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        """Make the next iteration yield epoch ``epoch`` from global step ``start_step`` on."""
+        check_seed("epoch", epoch)
+        if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
+            raise InvalidArgumentError(f"start_step must be an int >= 0, got {start_step!r}")
+        self._control[0] = epoch
+        self._control[1] = start_step
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration yields."""
+        return int(self._control[0])
+
+    @property
+    def start_step(self) -> int:
+        """The global step the next iteration starts at."""
+        return int(self._control[1])
+
+    def __len__(self) -> int:
+        return self.partition.remaining_steps(self.start_step)
+
+    # ---- iteration --------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        info = torch.utils.data.get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        return self.generate(
+            worker=worker,
+            num_workers=num_workers,
+            epoch=self.epoch,
+            start_step=self.start_step,
+            seed_rngs=info is not None,
+        )
+
+    def generate(
+        self,
+        *,
+        rank: int | None = None,
+        worker: int = 0,
+        num_workers: int = 1,
+        epoch: int | None = None,
+        start_step: int | None = None,
+        seed_rngs: bool = False,
+    ) -> Iterator[Any]:
+        """Yield the batches of (``rank``, ``worker``) of ``num_workers`` for ``epoch``, from
+        global step ``start_step`` on: ``(BatchMeta, batch)`` pairs when the stream was made with
+        ``with_meta=True``, else batches. Pure function of its arguments and the dataset.
+
+        This is what each DataLoader worker runs; tests call it directly to check partitioning
+        without worker processes.
+        """
+        rank = self.rank if rank is None else rank
+        epoch = self.epoch if epoch is None else epoch
+        start_step = self.start_step if start_step is None else start_step
+        steps = self.partition.worker_steps(start_step, worker, num_workers)
+        if not 0 <= rank < self.world_size:
+            raise InvalidArgumentError(f"rank must be in [0, {self.world_size}), got {rank}")
+        if len(steps) == 0:
+            return
+        order = self.dataset.order(epoch)
+        pool = self._io_pool()
+        pending: deque[tuple[_Planned, list[Future[list[_ReadResult]]] | list[_ReadResult]]] = (
+            deque()
+        )
+        step_iter = iter(steps)
+
+        def fill() -> None:
+            while len(pending) < self.prefetch_batches + 1:
+                step = next(step_iter, None)
+                if step is None:
+                    return
+                planned = self._plan(order, step, rank)
+                pending.append((planned, self._submit(pool, planned)))
+
+        try:
+            fill()
+            while pending:
+                planned, reads = pending.popleft()
+                fill()  # the next batches' reads run while this one is decoded
+                if seed_rngs:
+                    self._seed_rngs(epoch, planned.step)
+                meta, batch = self._assemble(planned, reads, rank, worker)
+                yield (meta, batch) if self.with_meta else batch
+        finally:
+            for _, reads in pending:
+                for fut in reads:
+                    if isinstance(fut, Future):
+                        fut.cancel()
+
+    # ---- internals --------------------------------------------------------------------------
+
+    def _io_pool(self) -> ThreadPoolExecutor | None:
+        if self.io_threads == 0:
+            return None
+        if self._pool is None or self._pool_pid != os.getpid():
+            self._pool = ThreadPoolExecutor(self.io_threads, thread_name_prefix="fastload-io")
+            self._pool_pid = os.getpid()
+        return self._pool
+
+    def _plan(self, order: EpochOrder, step: int, rank: int) -> _Planned:
+        start, stop = self.partition.rank_range(step, rank)
+        n = self.partition.num_samples
+        positions = np.arange(start, stop, dtype=np.int64)
+        padded = max(0, stop - max(start, n))
+        if padded:
+            tail = positions >= n
+            positions[tail] = (positions[tail] - n) % n
+        indices = order.indices(positions)
+        shards, pos = self.dataset.locate(indices)
+        return _Planned(step, indices, shards, pos, padded)
+
+    def _submit(
+        self, pool: ThreadPoolExecutor | None, planned: _Planned
+    ) -> list[Future[list[_ReadResult]]] | list[_ReadResult]:
+        # Sort by (shard, position) for locality, then split into one chunk per thread.
+        order = np.lexsort((planned.positions, planned.shards))
+        items = [
+            (int(i), int(planned.shards[i]), int(planned.positions[i])) for i in order.tolist()
+        ]
+        if pool is None or len(items) <= 1:
+            return self._read_chunk(items)
+        chunks = np.array_split(np.arange(len(items)), min(self.io_threads, len(items)))
+        return [
+            pool.submit(self._read_chunk, [items[j] for j in chunk.tolist()]) for chunk in chunks
+        ]
+
+    def _read_chunk(self, items: list[tuple[int, int, int]]) -> list[_ReadResult]:
+        out: list[_ReadResult] = []
+        for i, shard, pos in items:
+            try:
+                out.append((i, self.dataset.read_raw(shard, pos), None))
+            except Exception as exc:
+                out.append((i, None, exc))
+        return out
+
+    def _assemble(
+        self,
+        planned: _Planned,
+        reads: list[Future[list[_ReadResult]]] | list[_ReadResult],
+        rank: int,
+        worker: int,
+    ) -> tuple[BatchMeta, Any]:
+        ds = self.dataset
+        n = len(planned.indices)
+        raws: list[dict[str, Any] | None] = [None] * n
+        errors: list[BaseException | None] = [None] * n
+        results: list[_ReadResult] = []
+        for r in reads:
+            if isinstance(r, Future):
+                results.extend(r.result())
+            else:
+                results.append(r)
+        for i, raw, err in results:
+            raws[i], errors[i] = raw, err
+        where = f"rank {rank}, worker {worker}, global step {planned.step}"
+        samples: list[Any] = []
+        skipped = nbytes = 0
+        for i in range(n):
+            shard, pos = int(planned.shards[i]), int(planned.positions[i])
+            err = errors[i]
+            if err is not None:
+                raise WorkerError(
+                    f"{where}: reading {ds.describe(shard, pos)} failed: "
+                    f"{type(err).__name__}: {err}"
+                ) from err
+            raw = raws[i]
+            if raw is None:
+                skipped += 1
+                continue
+            nbytes += sample_nbytes(raw)
+            key = raw.get("__key__")
+            try:
+                decoded = ds.decode_raw(raw)
+            except Exception as exc:
+                if ds.on_error == "raise":
+                    raise WorkerError(
+                        f"{where}: decoding {ds.describe(shard, pos, key)} failed: "
+                        f"{type(exc).__name__}: {exc} (pass on_error='skip' to drop corrupt "
+                        "samples)"
+                    ) from exc
+                if ds.on_error == "warn":
+                    log.warning("skipping undecodable %s: %s", ds.describe(shard, pos, key), exc)
+                skipped += 1
+                continue
+            try:
+                samples.append(ds.finish(decoded))
+            except Exception as exc:
+                raise WorkerError(
+                    f"{where}: transform failed on {ds.describe(shard, pos, key)}: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+        if samples:
+            try:
+                batch = self.collate_fn(samples)
+            except Exception as exc:
+                raise WorkerError(
+                    f"{where}: collate_fn failed on a batch of {len(samples)} samples from "
+                    f"shards {sorted({ds.shard_url(int(s)) for s in planned.shards})}: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+            if self._template is None:
+                self._template = empty_like_batch(batch)
+        else:
+            batch = self._empty_batch(where)
+        meta = BatchMeta(planned.step, rank, worker, len(samples), planned.padded, skipped, nbytes)
+        return meta, batch
+
+    def _empty_batch(self, where: str) -> Any:
+        """A zero-row batch with the structure of a good one (every sample was skipped)."""
+        if self._template is None:
+            ds = self.dataset
+            for i in range(min(ds.num_samples, _TEMPLATE_TRIES)):
+                shard, pos = (int(x) for x in ds.locate(i))
+                try:
+                    raw = ds.read_raw(shard, pos)
+                    if raw is None:
+                        continue
+                    sample = ds.finish(ds.decode_raw(raw))
+                except (FastloadError, FormatError, ValueError, OSError):
+                    continue
+                self._template = empty_like_batch(self.collate_fn([sample]))
+                break
+            else:
+                raise WorkerError(
+                    f"{where}: every sample of the batch was skipped as corrupt, and none of the "
+                    f"first {_TEMPLATE_TRIES} samples of {ds.url} decodes either, so no empty "
+                    "batch of the right structure can be built; check the data with "
+                    "`fastload verify`"
+                )
+        return self._template
+
+    def _seed_rngs(self, epoch: int, step: int) -> None:
+        state = np.random.SeedSequence(
+            [self.dataset.seed, epoch, _TAG_AUGMENT, step]
+        ).generate_state(2)
+        seed32 = int(state[0])
+        random.seed(seed32)
+        np.random.seed(seed32)
+        torch.manual_seed((seed32 << 32) | int(state[1]))
+
+    def __repr__(self) -> str:
+        return (
+            f"BatchStream({self.dataset!r}, batch_size={self.batch_size}, rank={self.rank}, "
+            f"world_size={self.world_size}, drop_last={self.drop_last}, epoch={self.epoch}, "
+            f"start_step={self.start_step})"
+        )
