@@ -35,6 +35,23 @@ def _local_target(store: Store, key: str) -> str | None:
     return None
 
 
+def _open_build_env(path: str, map_size: int) -> Any:
+    """The scratch environment, in LMDB 0.9's data format (version 1) whatever py-lmdb's default."""
+    options: dict[str, Any] = dict(
+        subdir=False,
+        lock=False,
+        map_size=map_size,
+        sync=False,
+        metasync=False,
+        readahead=False,
+        max_dbs=0,
+    )
+    try:
+        return lmdb.open(path, lib_version=0, **options)  # py-lmdb >= 3 bundles two LMDBs
+    except TypeError:  # older py-lmdb: LMDB 0.9 only
+        return lmdb.open(path, **options)
+
+
 def _cleanup(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
@@ -99,23 +116,14 @@ class LMDBWriter(ShardWriter):
         else:
             self._workdir = tempfile.mkdtemp(prefix="fastload-lmdb-")
         self._finalizer = weakref.finalize(self, _cleanup, self._workdir)
-        self._env: Any = lmdb.open(
-            os.path.join(self._workdir, "build.mdb"),
-            subdir=False,
-            lock=False,
-            map_size=map_size,
-            sync=False,
-            metasync=False,
-            readahead=False,
-            max_dbs=0,
-        )
+        self._env: Any = _open_build_env(os.path.join(self._workdir, "build.mdb"), map_size)
         self._psize: int = self._env.stat()["psize"]
-        self._max_key = self._env.max_key_size()
+        self._max_key: int = self._env.max_key_size()
         self._keys: set[bytes] = set()
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
         self._flushed = 0  # samples committed to the scratch environment
-        self._committed_bytes = 2 * self._psize  # the two meta pages
+        self._committed_bytes: int = 2 * self._psize  # the two meta pages
         self._closed = False
 
     # ---- writing ------------------------------------------------------------------------------
