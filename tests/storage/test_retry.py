@@ -1,0 +1,424 @@
+"""RetryStore: what is retried, how long it waits, and when it gives up (no real sleeping)."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import uuid
+from collections import Counter
+from collections.abc import Iterator, Sequence
+
+import pytest
+
+from fastload.errors import (
+    InvalidArgumentError,
+    InvalidRangeError,
+    ObjectNotFoundError,
+    StoreError,
+    StoreUnavailableError,
+    TransientStoreError,
+)
+from fastload.storage import (
+    ByteRange,
+    MemoryStore,
+    ObjectMeta,
+    ObjectWriter,
+    RetryConfig,
+    RetryStore,
+    Store,
+    WrapperStore,
+)
+from fastload.storage._retry import _jitter, is_retryable
+
+
+class FakeTime:
+    """A clock that advances only when the code under test sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+    def clock(self) -> float:
+        return self.now
+
+
+class Flaky(WrapperStore):
+    """Fails the first ``failures[op]`` calls of each operation with ``error``; counts calls."""
+
+    def __init__(
+        self, store: Store, failures: dict[str, int], error: BaseException | None = None
+    ) -> None:
+        super().__init__(store)
+        self.failures = dict(failures)
+        self.calls: Counter[str] = Counter()
+        self.error = error if error is not None else TransientStoreError("503 Slow Down")
+
+    def _maybe_fail(self, op: str) -> None:
+        self.calls[op] += 1
+        if self.failures.get(op, 0) > 0:
+            self.failures[op] -= 1
+            raise self.error
+
+    def get(self, key: str, byte_range: ByteRange | None = None) -> bytes:
+        self._maybe_fail("get")
+        return super().get(key, byte_range)
+
+    def head(self, key: str) -> ObjectMeta:
+        self._maybe_fail("head")
+        return super().head(key)
+
+    def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        self._maybe_fail("put")
+        super().put(key, data)
+
+    def delete(self, key: str) -> None:
+        self._maybe_fail("delete")
+        super().delete(key)
+
+    def open_writer(self, key: str) -> ObjectWriter:
+        self._maybe_fail("open_writer")
+        return super().open_writer(key)
+
+    def get_ranges(
+        self, key: str, ranges: Sequence[ByteRange], *, coalesce: int = 0
+    ) -> list[bytes]:
+        self._maybe_fail("get_ranges")
+        return super().get_ranges(key, ranges, coalesce=coalesce)
+
+
+@pytest.fixture
+def memory() -> Iterator[MemoryStore]:
+    store = MemoryStore(f"retry-{uuid.uuid4().hex}")
+    yield store
+    store.delete_many(store.list_keys())
+
+
+def make(
+    inner: Store, config: RetryConfig | None = None, jitter: float = 1.0
+) -> tuple[RetryStore, FakeTime]:
+    fake = FakeTime()
+    store = RetryStore(inner, config, sleep=fake.sleep, clock=fake.clock, jitter=lambda: jitter)
+    return store, fake
+
+
+def test_defaults_are_documented_values() -> None:
+    config = RetryConfig()
+    assert (config.max_retries, config.initial_backoff, config.max_backoff) == (10, 0.1, 15.0)
+    assert (config.backoff_base, config.retry_timeout) == (2.0, 180.0)
+    assert config.retry_builtin_errors is True
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.max_retries = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_retries": -1},
+        {"max_retries": 1.5},
+        {"initial_backoff": -0.1},
+        {"max_backoff": -1},
+        {"retry_timeout": -5},
+        {"backoff_base": 0.5},
+    ],
+)
+def test_config_validation(kwargs: dict[str, float]) -> None:
+    with pytest.raises(InvalidArgumentError):
+        RetryConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_config_type_checked(memory: MemoryStore) -> None:
+    with pytest.raises(InvalidArgumentError, match="RetryConfig"):
+        RetryStore(memory, {"max_retries": 3})  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="wraps a fastload Store"):
+        RetryStore("memory://x")  # type: ignore[arg-type]
+
+
+def test_retries_transient_errors_with_exponential_backoff(memory: MemoryStore) -> None:
+    memory.put("k", b"value")
+    flaky = Flaky(memory, {"get": 3})
+    store, fake = make(flaky)
+    assert store.get("k") == b"value"
+    assert flaky.calls["get"] == 4
+    assert fake.sleeps == pytest.approx([0.1, 0.2, 0.4])
+
+
+def test_full_jitter_scales_each_sleep(memory: MemoryStore) -> None:
+    memory.put("k", b"value")
+    flaky = Flaky(memory, {"head": 3})
+    store, fake = make(flaky, jitter=0.25)
+    assert store.head("k").size == 5
+    assert fake.sleeps == pytest.approx([0.025, 0.05, 0.1])
+
+
+def test_default_jitter_is_uniform_below_the_bound(memory: MemoryStore) -> None:
+    memory.put("k", b"v")
+    flaky = Flaky(memory, {"get": 8})
+    fake = FakeTime()
+    store = RetryStore(flaky, sleep=fake.sleep, clock=fake.clock)
+    assert store.get("k") == b"v"
+    bounds = [0.1 * 2**i for i in range(8)]
+    assert len(fake.sleeps) == 8
+    assert all(0 <= s < b for s, b in zip(fake.sleeps, bounds))
+    assert len(set(fake.sleeps)) == 8  # random, not a fixed schedule
+    samples = [_jitter() for _ in range(1000)]
+    assert 0 <= min(samples) < 0.05
+    assert 0.95 < max(samples) < 1
+
+
+def test_backoff_is_capped_by_max_backoff(memory: MemoryStore) -> None:
+    memory.put("k", b"v")
+    flaky = Flaky(memory, {"get": 5})
+    store, fake = make(flaky, RetryConfig(initial_backoff=1.0, max_backoff=3.0))
+    store.get("k")
+    assert fake.sleeps == pytest.approx([1.0, 2.0, 3.0, 3.0, 3.0])
+    assert RetryConfig().backoff_bound(10_000) == 15.0  # no overflow for huge retry counts
+
+
+@pytest.mark.parametrize(
+    ("op", "call"),
+    [
+        ("get", lambda s: s.get("missing")),
+        ("head", lambda s: s.head("missing")),
+        ("delete", lambda s: s.delete("missing")),
+    ],
+)
+def test_not_found_is_not_retried(memory: MemoryStore, op: str, call: object) -> None:
+    flaky = Flaky(memory, {})
+    store, fake = make(flaky)
+    with pytest.raises(ObjectNotFoundError):
+        call(store)  # type: ignore[operator]
+    assert flaky.calls[op] == 1
+    assert fake.sleeps == []
+
+
+def test_non_retryable_errors_pass_through_unchanged(memory: MemoryStore) -> None:
+    memory.put("k", b"abc")
+    store, fake = make(memory)
+    with pytest.raises(InvalidRangeError, match="3 bytes"):
+        store.get("k", ByteRange(0, 10))
+    error = StoreError("disk on fire")
+    flaky = Flaky(memory, {"get": 1}, error=error)
+    store, fake = make(flaky)
+    with pytest.raises(StoreError) as info:
+        store.get("k")
+    assert info.value is error
+    assert flaky.calls["get"] == 1
+    assert fake.sleeps == []
+
+
+def test_gives_up_after_max_retries(memory: MemoryStore) -> None:
+    memory.put("data/k", b"v")
+    flaky = Flaky(memory, {"get": 100})
+    store, fake = make(flaky, RetryConfig(max_retries=3))
+    with pytest.raises(StoreUnavailableError) as info:
+        store.get("data/k")
+    error = info.value
+    assert flaky.calls["get"] == 4
+    assert len(fake.sleeps) == 3
+    assert isinstance(error, ConnectionError)
+    assert isinstance(error.__cause__, TransientStoreError)
+    assert not error.retryable
+    message = str(error)
+    assert "memory://" in message
+    assert "data/k" in message
+    assert "failed 4 times over 0.7 s" in message
+    assert "all 3 retries used" in message
+    assert "503 Slow Down" in message
+    assert error.url == memory.child_url("data/k")
+
+
+def test_gives_up_when_the_time_budget_runs_out(memory: MemoryStore) -> None:
+    memory.put("k", b"v")
+    flaky = Flaky(memory, {"get": 100})
+    store, fake = make(flaky, RetryConfig(initial_backoff=0.4, retry_timeout=1.0))
+    with pytest.raises(StoreUnavailableError, match=r"failed 2 times over 0\.4 s") as info:
+        store.get("k")
+    # 0.4 s slept, the next sleep (0.8 s) would end after the 1 s budget.
+    assert fake.sleeps == pytest.approx([0.4])
+    assert "1 s budget" in str(info.value)
+
+
+def test_time_spent_in_attempts_counts_against_the_budget(memory: MemoryStore) -> None:
+    fake = FakeTime()
+
+    class Slow(Flaky):
+        def get(self, key: str, byte_range: ByteRange | None = None) -> bytes:
+            fake.now += 10.0  # each attempt takes 10 s (a timeout)
+            return super().get(key, byte_range)
+
+    memory.put("k", b"v")
+    slow = Slow(memory, {"get": 100})
+    store = RetryStore(
+        slow, RetryConfig(retry_timeout=25), sleep=fake.sleep, clock=fake.clock, jitter=lambda: 1
+    )
+    with pytest.raises(StoreUnavailableError, match="failed 3 times"):
+        store.get("k")
+    assert slow.calls["get"] == 3
+
+
+def test_builtin_connection_errors_are_retried(memory: MemoryStore) -> None:
+    memory.put("k", b"v")
+    for error in (ConnectionResetError("reset by peer"), TimeoutError("timed out")):
+        flaky = Flaky(memory, {"get": 2}, error=error)
+        store, fake = make(flaky)
+        assert store.get("k") == b"v"
+        assert flaky.calls["get"] == 3
+        assert len(fake.sleeps) == 2
+        flaky = Flaky(memory, {"get": 2}, error=error)
+        store, _ = make(flaky, RetryConfig(retry_builtin_errors=False))
+        with pytest.raises(type(error)):
+            store.get("k")
+        assert flaky.calls["get"] == 1
+
+
+def test_is_retryable() -> None:
+    assert is_retryable(TransientStoreError("x"))
+    assert not is_retryable(StoreUnavailableError("x"))  # an inner RetryStore already gave up
+    assert not is_retryable(ObjectNotFoundError("x"))
+    assert is_retryable(ConnectionRefusedError())
+    assert not is_retryable(ConnectionRefusedError(), builtin_errors=False)
+    assert not is_retryable(ValueError("x"))
+    assert not is_retryable(FileNotFoundError())
+
+
+def test_nested_retry_stores_do_not_multiply(memory: MemoryStore) -> None:
+    memory.put("k", b"v")
+    flaky = Flaky(memory, {"get": 100})
+    inner, _ = make(flaky, RetryConfig(max_retries=2))
+    outer, outer_time = make(inner, RetryConfig(max_retries=5))
+    with pytest.raises(StoreUnavailableError):
+        outer.get("k")
+    assert flaky.calls["get"] == 3
+    assert outer_time.sleeps == []
+
+
+def test_put_and_get_ranges_are_retried(memory: MemoryStore) -> None:
+    flaky = Flaky(memory, {"put": 2, "get_ranges": 1})
+    store, _ = make(flaky)
+    store.put("k", b"0123456789")
+    assert flaky.calls["put"] == 3
+    assert store.get_ranges("k", [ByteRange(0, 2), ByteRange(8, 10)]) == [b"01", b"89"]
+    assert flaky.calls["get_ranges"] == 2
+
+
+def test_delete_retried_after_it_succeeded_counts_as_done(memory: MemoryStore) -> None:
+    class DeletesThenFails(Flaky):
+        def delete(self, key: str) -> None:
+            self.calls["delete"] += 1
+            if self.calls["delete"] == 1:
+                self._store.delete(key)  # the server deleted it, but the reply was lost
+                raise TransientStoreError("connection dropped")
+            self._store.delete(key)
+
+    memory.put("k", b"v")
+    flaky = DeletesThenFails(memory, {})
+    store, fake = make(flaky)
+    store.delete("k")
+    assert flaky.calls["delete"] == 2
+    assert len(fake.sleeps) == 1
+    assert not memory.exists("k")
+
+
+class ListFailsOnce(WrapperStore):
+    """The first listing fails after yielding ``after`` entries."""
+
+    def __init__(self, store: Store, after: int, times: int = 1) -> None:
+        super().__init__(store)
+        self.after, self.times, self.listings = after, times, 0
+
+    def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
+        self.listings += 1
+        fail = self.listings <= self.times
+        for i, meta in enumerate(self._store.list(prefix)):
+            if fail and i == self.after:
+                raise TransientStoreError("listing page timed out")
+            yield meta
+
+
+def test_list_resumes_after_a_failure_without_duplicates(memory: MemoryStore) -> None:
+    keys = [f"k{i:03d}" for i in range(50)]
+    for key in keys:
+        memory.put(key, b"")
+    flaky = ListFailsOnce(memory, after=20, times=3)
+    store, fake = make(flaky)
+    assert store.list_keys() == keys
+    assert flaky.listings == 4
+    assert len(fake.sleeps) == 3
+
+
+def test_list_gives_up(memory: MemoryStore) -> None:
+    memory.put("a", b"")
+    flaky = ListFailsOnce(memory, after=0, times=100)
+    store, _ = make(flaky, RetryConfig(max_retries=2))
+    with pytest.raises(StoreUnavailableError, match="list"):
+        store.list_keys()
+    assert flaky.listings == 3
+
+
+def test_open_writer_is_retried_but_writes_are_not(memory: MemoryStore) -> None:
+    flaky = Flaky(memory, {"open_writer": 2})
+    store, fake = make(flaky)
+    with store.open_writer("w") as writer:
+        writer.write(b"abc")
+    assert memory.get("w") == b"abc"
+    assert flaky.calls["open_writer"] == 3
+    assert len(fake.sleeps) == 2
+
+    class FailingWriter(ObjectWriter):
+        writes = 0
+
+        def _write(self, data: memoryview) -> None:
+            FailingWriter.writes += 1
+            raise TransientStoreError("connection reset mid-upload")
+
+        def _commit(self) -> None:
+            raise AssertionError("not reached")
+
+        def _abort(self) -> None:
+            pass
+
+    class BrokenUploads(WrapperStore):
+        def open_writer(self, key: str) -> ObjectWriter:
+            return FailingWriter()
+
+    store, fake = make(BrokenUploads(memory))
+    with pytest.raises(TransientStoreError), store.open_writer("x") as writer:
+        writer.write(b"data")
+    assert FailingWriter.writes == 1
+    assert fake.sleeps == []
+    assert not memory.exists("x")
+
+
+def test_open_reader_retries_each_chunk(memory: MemoryStore) -> None:
+    data = bytes(range(256)) * 1200
+    memory.put("big", data)
+
+    class EveryOtherGetFails(WrapperStore):
+        gets = 0
+
+        def get(self, key: str, byte_range: ByteRange | None = None) -> bytes:
+            EveryOtherGetFails.gets += 1
+            if EveryOtherGetFails.gets % 2:
+                raise TransientStoreError("dropped")
+            return super().get(key, byte_range)
+
+    store, fake = make(EveryOtherGetFails(memory))
+    with store.open_reader("big", chunk_size=1000) as reader:
+        assert reader.read() == data
+    # Several chunks, each failed once and was fetched again.
+    assert EveryOtherGetFails.gets >= 4
+    assert EveryOtherGetFails.gets % 2 == 0
+    assert len(fake.sleeps) == EveryOtherGetFails.gets // 2
+
+
+def test_pickles_with_its_config(tmp_path: object) -> None:
+    store = RetryStore(MemoryStore("pickled-retry"), RetryConfig(max_retries=3))
+    copy = pickle.loads(pickle.dumps(store))
+    assert isinstance(copy, RetryStore)
+    assert copy.config == RetryConfig(max_retries=3)
+    assert copy.url == "memory://pickled-retry"
+    assert "RetryConfig(max_retries=3" in repr(copy)
