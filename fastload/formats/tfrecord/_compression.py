@@ -1,0 +1,145 @@
+"""Compressed TFRecord files: detection and streaming decompression (GZIP and ZLIB).
+
+TensorFlow's ``TFRecordOptions(compression_type="GZIP" | "ZLIB")`` compresses the whole file as
+one deflate stream (with a gzip or a zlib wrapper); the records inside are framed as usual.
+There is no random access into such a file: offsets of records exist only in the decompressed
+stream.
+"""
+
+from __future__ import annotations
+
+import io
+import zlib
+from typing import Literal
+
+from fastload.errors import CorruptDataError, InvalidArgumentError
+from fastload.formats.tfrecord._framing import valid_header
+
+__all__ = ["Compression", "InflateReader", "detect_compression", "normalize_compression", "wbits"]
+
+#: ``None`` for plain files, else the compression of the whole file.
+Compression = Literal["gzip", "zlib"] | None
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_CHUNK = 1 << 20
+
+
+def normalize_compression(value: str | None, *, allow_auto: bool) -> str | None:
+    """Map user spellings (``"GZIP"``, ``""``, ``"none"``, ``None``, ``"auto"``) to
+    ``None``/``"gzip"``/``"zlib"``/``"auto"``."""
+    text = (value or "").strip().lower()
+    if text in ("", "none"):
+        return None
+    if text in ("gzip", "zlib") or (allow_auto and text == "auto"):
+        return text
+    accepted = "'auto', " if allow_auto else ""
+    raise InvalidArgumentError(
+        f"compression must be one of {accepted}None, 'gzip', 'zlib' (TensorFlow's "
+        f"compression_type), got {value!r}"
+    )
+
+
+def wbits(compression: str) -> int:
+    """The ``zlib`` window-bits value for a compression name (gzip: 31, zlib: 15)."""
+    return 31 if compression == "gzip" else 15
+
+
+def _looks_zlib(head: bytes) -> bool:
+    return (
+        len(head) >= 2
+        and head[0] & 0x0F == 8
+        and head[0] >> 4 <= 7
+        and (head[0] << 8 | head[1]) % 31 == 0
+    )
+
+
+def _inflated_head(head: bytes, compression: str) -> bytes:
+    try:
+        return zlib.decompressobj(wbits(compression)).decompress(head, 64)
+    except zlib.error:
+        return b""
+
+
+def detect_compression(head: bytes) -> tuple[bool, Compression]:
+    """Classify the first bytes of a file: ``(looks_like_tfrecord, compression)``.
+
+    A plain file must start with a record header whose length CRC matches. A compressed file must
+    carry the gzip magic (or a valid zlib header) *and* decompress to such a record header, so a
+    ``.tar.gz`` or other gzip data is not mistaken for TFRecord. An empty ``head`` is a plain,
+    empty file.
+    """
+    if not head:
+        return True, None
+    if valid_header(head):
+        return True, None
+    for compression in ("gzip", "zlib"):
+        if compression == "gzip" and not head.startswith(_GZIP_MAGIC):
+            continue
+        if compression == "zlib" and not _looks_zlib(head):
+            continue
+        inner = _inflated_head(head, compression)
+        return (valid_header(inner) or inner == b""), compression
+    return False, None
+
+
+class InflateReader(io.RawIOBase):
+    """A read-only stream of the decompressed bytes of a gzip or zlib stream.
+
+    Handles concatenated members (``cat a.gz b.gz``). A stream that ends inside a member, or whose
+    bytes do not inflate, raises :class:`CorruptDataError` naming ``url``.
+    """
+
+    def __init__(self, source: io.BufferedIOBase, compression: str, *, url: str) -> None:
+        super().__init__()
+        self._source, self._wbits, self._url = source, wbits(compression), url
+        self._compression = compression
+        self._inflater = zlib.decompressobj(self._wbits)
+        self._pending = b""
+        self._pos = 0  # next unread byte of _pending
+        self._eof = False
+        self._consumed = 0  # compressed bytes handed to the inflater
+
+    def readable(self) -> bool:
+        return True
+
+    def _fail(self, why: str) -> CorruptDataError:
+        return CorruptDataError(
+            f"{self._compression}-compressed TFRecord stream {why} (around compressed byte "
+            f"{self._consumed}); the file is damaged or truncated",
+            url=self._url,
+        )
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        out = memoryview(buffer).cast("B")
+        want = out.nbytes
+        while self._pos >= len(self._pending) and not self._eof and want:
+            if self._inflater.eof:
+                rest = self._inflater.unused_data
+                self._inflater = zlib.decompressobj(self._wbits)
+                if not rest:
+                    rest = self._source.read(_CHUNK)
+                    if not rest:
+                        self._eof = True
+                        break
+                data = rest
+            else:
+                data = self._inflater.unconsumed_tail or self._source.read(_CHUNK)
+                if not data:
+                    raise self._fail("ends in the middle of a compressed member")
+                if data is not self._inflater.unconsumed_tail:
+                    self._consumed += len(data)
+            try:
+                self._pending = self._inflater.decompress(data, max(want, _CHUNK))
+            except zlib.error as exc:
+                raise self._fail(f"does not decompress ({exc})") from exc
+            self._pos = 0
+        n = min(want, len(self._pending) - self._pos)
+        out[:n] = memoryview(self._pending)[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def close(self) -> None:
+        try:
+            self._source.close()
+        finally:
+            super().close()

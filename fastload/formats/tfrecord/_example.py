@@ -1,0 +1,440 @@
+"""``tf.train.Example`` payloads: the protobuf messages and the field ↔ Feature mapping.
+
+The messages are TensorFlow's (``tensorflow/core/example/{example,feature}.proto``, proto3)::
+
+    message Example   { Features features = 1; }
+    message Features  { map<string, Feature> feature = 1; }
+    message Feature   { oneof kind { BytesList bytes_list = 1; FloatList float_list = 2;
+                                     Int64List int64_list = 3; } }
+    message BytesList { repeated bytes value = 1; }
+    message FloatList { repeated float value = 1 [packed = true]; }
+    message Int64List { repeated int64 value = 1 [packed = true]; }
+
+They are built at import time from a ``FileDescriptorProto`` in a private descriptor pool and parsed
+and serialized by the ``protobuf`` runtime (its upb C backend): no ``protoc``, no generated module,
+no TensorFlow. One deliberate difference: ``Features.feature`` is declared as a ``repeated
+FeatureEntry {string key = 1; Feature value = 2;}`` instead of a ``map``. On the wire a map *is*
+exactly that repeated message, so the bytes are identical, but the repeated form keeps the entries
+in the order they were written (protobuf maps are unordered), so a sample's fields come back in
+their original order and the serialization is deterministic. As with a map, a repeated feature name
+keeps its last entry.
+
+The mapping between sample fields and Features is the format's spec; see ``README.md``.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import sys
+from array import array
+from collections.abc import Mapping
+from typing import Any
+
+import msgpack
+from google.protobuf import descriptor_pb2, descriptor_pool, message, message_factory
+
+from fastload.formats.manifest import field_type
+
+__all__ = [
+    "BYTES",
+    "FLOAT",
+    "INT64",
+    "KEY_FEATURE",
+    "Example",
+    "ProtoError",
+    "decode_example",
+    "encode_example",
+    "npy_bytes",
+]
+
+#: The Feature that holds the sample key.
+KEY_FEATURE = "__key__"
+
+#: Feature kinds, numbered as the fields of ``Feature.kind``.
+BYTES, FLOAT, INT64 = 1, 2, 3
+
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+_BIG_ENDIAN_HOST = sys.byteorder == "big"
+
+
+def _floats(raw: bytes) -> array[float]:
+    """float32 values from little-endian bytes."""
+    values = array("f", raw)
+    if _BIG_ENDIAN_HOST:  # pragma: no cover - no big-endian CI
+        values.byteswap()
+    return values
+
+
+def _float_bytes(values: array[float]) -> bytes:
+    """Little-endian bytes of float32 values."""
+    if _BIG_ENDIAN_HOST:  # pragma: no cover - no big-endian CI
+        values = array("f", values)
+        values.byteswap()
+    return values.tobytes()
+
+
+class ProtoError(Exception):
+    """The payload is not a valid ``tf.train.Example`` (or its ``__key__`` is unusable)."""
+
+
+def _build_example_class() -> Any:
+    f = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(
+        name="fastload/formats/tfrecord/example.proto", package="tensorflow", syntax="proto3"
+    )
+
+    def add(name: str, fields: list[tuple[str, int, int, int, str]]) -> Any:
+        msg = proto.message_type.add(name=name)
+        for fname, number, ftype, label, type_name in fields:
+            field = msg.field.add(name=fname, number=number, type=ftype, label=label)
+            if type_name:
+                field.type_name = type_name
+        return msg
+
+    rep, opt = f.LABEL_REPEATED, f.LABEL_OPTIONAL
+    add("BytesList", [("value", 1, f.TYPE_BYTES, rep, "")])
+    add("FloatList", [("value", 1, f.TYPE_FLOAT, rep, "")]).field[0].options.packed = True
+    add("Int64List", [("value", 1, f.TYPE_INT64, rep, "")]).field[0].options.packed = True
+    feature = add(
+        "Feature",
+        [
+            ("bytes_list", BYTES, f.TYPE_MESSAGE, opt, ".tensorflow.BytesList"),
+            ("float_list", FLOAT, f.TYPE_MESSAGE, opt, ".tensorflow.FloatList"),
+            ("int64_list", INT64, f.TYPE_MESSAGE, opt, ".tensorflow.Int64List"),
+        ],
+    )
+    feature.oneof_decl.add(name="kind")
+    for field in feature.field:
+        field.oneof_index = 0
+    add(
+        "FeatureEntry",
+        [
+            ("key", 1, f.TYPE_STRING, opt, ""),
+            ("value", 2, f.TYPE_MESSAGE, opt, ".tensorflow.Feature"),
+        ],
+    )
+    add("Features", [("feature", 1, f.TYPE_MESSAGE, rep, ".tensorflow.FeatureEntry")])
+    add("Example", [("features", 1, f.TYPE_MESSAGE, opt, ".tensorflow.Features")])
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.Example"))
+
+
+#: The ``tf.train.Example`` message class of the protobuf runtime (wire-compatible;
+#: ``features.feature`` is a list of ``FeatureEntry(key=..., value=Feature(...))`` in wire order).
+Example = _build_example_class()
+
+
+# ---- npy for numeric lists ----------------------------------------------------------------------
+
+_NPY_MAGIC = b"\x93NUMPY\x01\x00"
+_NPY_HEADER_RE = re.compile(
+    rb"\{'descr': '(<f4|<i8)', 'fortran_order': False, 'shape': \((\d+),\), \} *\n"
+)
+_U16 = struct.Struct("<H")
+
+
+def _npy_header(descr: str, n: int) -> bytes:
+    """The header ``numpy.save`` (numpy >= 1.23, format 1.0) writes for a 1-D array of ``n``."""
+    text = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': ({n},), }}"
+    text += " " * (21 - len(repr(n)))  # numpy leaves room for the shape to grow in place
+    hlen = len(text) + 1
+    padlen = 64 - ((len(_NPY_MAGIC) + 2 + hlen) % 64)
+    return _NPY_MAGIC + _U16.pack(hlen + padlen) + text.encode("latin1") + b" " * padlen + b"\n"
+
+
+def npy_bytes(descr: str, data: bytes, n: int) -> bytes:
+    """``.npy`` bytes of a 1-D array of ``n`` items whose raw little-endian bytes are ``data``."""
+    return _npy_header(descr, n) + data
+
+
+def _canonical_npy(data: bytes) -> tuple[str, int, int] | None:
+    """``(descr, n, header_length)`` if ``data`` is exactly what :func:`npy_bytes` writes for a
+    1-D ``<f4`` or ``<i8`` array, else ``None``."""
+    if len(data) < 10 or not data.startswith(_NPY_MAGIC):
+        return None
+    (hlen,) = _U16.unpack_from(data, 8)
+    match = _NPY_HEADER_RE.fullmatch(data, 10, 10 + hlen)
+    if match is None:
+        return None
+    descr, n = match.group(1).decode("ascii"), int(match.group(2))
+    header = _npy_header(descr, n)
+    itemsize = 4 if descr == "<f4" else 8
+    if not data.startswith(header) or len(data) - len(header) != itemsize * n:
+        return None
+    return descr, n, len(header)
+
+
+# ---- the field <-> Feature mapping ---------------------------------------------------------------
+
+_CANONICAL_INT = re.compile(rb"0|-?[1-9][0-9]{0,18}")
+
+
+def _canonical_int(data: bytes) -> int | None:
+    """The int64 whose canonical decimal text is exactly ``data``, else ``None``."""
+    if len(data) > 20 or _CANONICAL_INT.fullmatch(data) is None:
+        return None
+    value = int(data)
+    return value if _I64_MIN <= value <= _I64_MAX else None
+
+
+# ---- encoding -------------------------------------------------------------------------------------
+
+_U64 = (1 << 64) - 1
+_SMALL_VARINTS = [bytes((i,)) for i in range(128)]
+#: Values at least this long are returned as their own piece instead of being copied.
+_PIECE_MIN = 4096
+
+
+def _varint(n: int) -> bytes:
+    """Protobuf base-128 varint of an int in ``[0, 2**64)``."""
+    if n < 128:
+        return _SMALL_VARINTS[n]
+    out = bytearray()
+    while n >= 128:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _varint_len(n: int) -> int:
+    return 1 if n < 128 else (n.bit_length() + 6) // 7
+
+
+def _to_features(key: str, fields: Mapping[str, bytes]) -> list[tuple[bytes, int, bytes]]:
+    """The mapping rules: ``(name, kind, data)`` per feature, ``__key__`` first.
+
+    ``data`` is the one value of a :data:`BYTES` list, the packed varints of an :data:`INT64`
+    list, or the packed little-endian float32s of a :data:`FLOAT` list.
+    """
+    out = [(KEY_FEATURE.encode(), BYTES, key.encode("utf-8"))]
+    for name, data in fields.items():
+        kind = field_type(name)
+        if kind == "int":
+            value = _canonical_int(data)
+            if value is not None:
+                out.append((name.encode("utf-8"), INT64, _varint(value & _U64)))
+                continue
+        elif kind == "npy":
+            npy = _canonical_npy(data)
+            if npy is not None:
+                descr, n, start = npy
+                raw = data[start:]
+                if descr == "<i8":
+                    ints = struct.unpack(f"<{n}q", raw)
+                    packed = b"".join(_varint(v & _U64) for v in ints)
+                    out.append((name.encode("utf-8"), INT64, packed))
+                    continue
+                # Readers (protobuf, TensorFlow) turn float32 into double and back. That is exact
+                # except for signalling-NaN payloads, which the CPU may quiet; arrays holding one
+                # stay bytes so that they round-trip.
+                if _float_bytes(array("f", _floats(raw).tolist())) == raw:
+                    out.append((name.encode("utf-8"), FLOAT, raw))
+                    continue
+        out.append((name.encode("utf-8"), BYTES, data))
+    return out
+
+
+def encode_example(key: str, fields: Mapping[str, bytes]) -> tuple[list[bytes], int]:
+    """Serialize a sample as an Example (see the README for the mapping rules).
+
+    The encoder is hand-written so that large values are not copied: it returns the serialized
+    bytes as pieces (each large value is its own piece). The bytes equal what the protobuf runtime
+    serializes for the same features in the same order (the tests check this).
+
+    Args:
+        key: The sample key; stored as the one-value ``bytes_list`` feature ``__key__``.
+        fields: Field name → bytes, in the order the features are written. Every mapping applied
+            here is reversed exactly by :func:`decode_example`.
+
+    Returns:
+        ``(pieces, length)``: the payload as a list of ``bytes``, and its total length.
+    """
+    features = _to_features(key, fields)
+    sizes = []
+    features_len = 0
+    for name, kind, data in features:
+        n = len(data)
+        # Feature.<kind> = <Kind>List{ value = 1 }: one bytes value, or the packed scalars
+        # (an empty packed list is omitted, as protobuf does).
+        list_len = (1 + _varint_len(n) + n) if (kind == BYTES or n) else 0
+        feature_len = 1 + _varint_len(list_len) + list_len
+        entry_len = 2 + _varint_len(len(name)) + len(name) + _varint_len(feature_len) + feature_len
+        features_len += 1 + _varint_len(entry_len) + entry_len
+        sizes.append((list_len, feature_len, entry_len))
+
+    pieces: list[bytes] = []
+    buf = bytearray(b"\x0a")  # Example.features
+    buf += _varint(features_len)
+    for (name, kind, data), (list_len, feature_len, entry_len) in zip(features, sizes):
+        buf += b"\x0a"  # Features.feature entry
+        buf += _varint(entry_len)
+        buf += b"\x0a"  # entry.key
+        buf += _varint(len(name))
+        buf += name
+        buf += b"\x12"  # entry.value (Feature)
+        buf += _varint(feature_len)
+        buf += _SMALL_VARINTS[(kind << 3) | 2]  # Feature.bytes_list / float_list / int64_list
+        buf += _varint(list_len)
+        if list_len:
+            buf += b"\x0a"  # <Kind>List.value
+            buf += _varint(len(data))
+            if len(data) >= _PIECE_MIN:
+                pieces.append(bytes(buf))
+                pieces.append(data)
+                buf = bytearray()
+            else:
+                buf += data
+    if buf:
+        pieces.append(bytes(buf))
+    return pieces, 1 + _varint_len(features_len) + features_len
+
+
+# ---- decoding -------------------------------------------------------------------------------------
+
+
+class _Unusual(Exception):
+    """The fast decoder met something outside its common shape; use the protobuf runtime."""
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """A varint at ``pos`` (at most 10 bytes); ``(value, next_pos)``. Raises IndexError at the end
+    of ``buf`` and :class:`_Unusual` when too long."""
+    b = buf[pos]
+    if b < 0x80:
+        return b, pos + 1
+    value = b & 0x7F
+    shift = 7
+    pos += 1
+    while True:
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value & _U64, pos
+        shift += 7
+        if shift > 63:
+            raise _Unusual
+
+
+def _int_field(name: str, value: int) -> bytes:
+    if field_type(name) == "npy":
+        return npy_bytes("<i8", struct.pack("<q", value), 1)
+    return str(value).encode("ascii")
+
+
+def _decode_fast(buf: bytes) -> tuple[str | None, dict[str, bytes]]:
+    """Decode the common shape in a few Python steps per feature, copying each value once.
+
+    The common shape is what fastload and TensorFlow write for one-value features: every entry is
+    ``key`` then ``value``, every Feature holds one ``bytes_list`` of one value or one
+    ``int64_list`` of one value. Anything else raises :class:`_Unusual` (or IndexError /
+    UnicodeDecodeError), and the caller falls back to the protobuf runtime, which decides.
+    """
+    end = len(buf)
+    key: str | None = None
+    fields: dict[str, bytes] = {}
+    if end == 0:
+        return key, fields
+    if buf[0] != 0x0A:
+        raise _Unusual
+    n, pos = _read_varint(buf, 1)
+    if pos + n != end:
+        raise _Unusual
+    while pos < end:
+        if buf[pos] != 0x0A:  # Features.feature
+            raise _Unusual
+        n, pos = _read_varint(buf, pos + 1)
+        entry_end = pos + n
+        if entry_end > end or buf[pos] != 0x0A:  # entry.key
+            raise _Unusual
+        n, pos = _read_varint(buf, pos + 1)
+        if pos + n >= entry_end:
+            raise _Unusual
+        name = buf[pos : pos + n].decode("utf-8")
+        pos += n
+        if buf[pos] != 0x12:  # entry.value
+            raise _Unusual
+        n, pos = _read_varint(buf, pos + 1)
+        if pos + n != entry_end or n < 3:
+            raise _Unusual
+        kind = buf[pos]  # Feature.<kind> tag
+        n, pos = _read_varint(buf, pos + 1)
+        if pos + n != entry_end or n < 2 or buf[pos] != 0x0A:  # <Kind>List.value
+            raise _Unusual
+        n, pos = _read_varint(buf, pos + 1)
+        if pos + n != entry_end:
+            raise _Unusual
+        if kind == 0x0A:  # bytes_list of one value
+            if name == KEY_FEATURE:
+                key = buf[pos:entry_end].decode("utf-8")
+            elif not name.startswith("__"):
+                fields[name] = buf[pos:entry_end]
+        elif kind == 0x1A:  # int64_list, packed, of one value
+            value, pos = _read_varint(buf, pos)
+            if pos != entry_end or name.startswith("__"):
+                raise _Unusual
+            fields[name] = _int_field(name, value - (1 << 64) if value > _I64_MAX else value)
+        else:
+            raise _Unusual
+        pos = entry_end
+    return key, fields
+
+
+def _decode_runtime(payload: bytes) -> tuple[str | None, dict[str, bytes]]:
+    """Decode any Example with the protobuf runtime."""
+    try:
+        example = Example.FromString(payload)
+    except message.DecodeError as exc:
+        raise ProtoError(f"payload is not a valid tf.train.Example protobuf: {exc}") from exc
+    key: str | None = None
+    fields: dict[str, bytes] = {}
+    for entry in example.features.feature:
+        name: str = entry.key
+        feature = entry.value
+        kind = feature.WhichOneof("kind")
+        if name.startswith("__"):
+            if name == KEY_FEATURE:
+                values = feature.bytes_list.value
+                if kind != "bytes_list" or len(values) != 1:
+                    raise ProtoError(
+                        "the __key__ feature must be a bytes_list of exactly one value"
+                    )
+                try:
+                    key = values[0].decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise ProtoError(f"the __key__ feature is not valid UTF-8 ({exc})") from exc
+            continue  # other __reserved__ names are metadata, not fields
+        if kind == "bytes_list":
+            values = feature.bytes_list.value
+            fields[name] = values[0] if len(values) == 1 else msgpack.packb(list(values))
+        elif kind == "int64_list":
+            ints = feature.int64_list.value
+            if len(ints) == 1:
+                fields[name] = _int_field(name, ints[0])
+            else:
+                n = len(ints)
+                fields[name] = npy_bytes("<i8", struct.pack(f"<{n}q", *ints), n)
+        elif kind == "float_list":
+            floats = array("f", feature.float_list.value)
+            fields[name] = npy_bytes("<f4", _float_bytes(floats), len(floats))
+        else:  # a Feature with no kind set holds no values
+            fields[name] = msgpack.packb([])
+    return key, fields
+
+
+def decode_example(payload: bytes) -> tuple[str | None, dict[str, bytes]]:
+    """Parse an Example and map its features back to ``(key, fields)``.
+
+    ``key`` is ``None`` when the Example has no ``__key__`` feature (third-party data); the caller
+    derives one. Fields come in wire order; a repeated feature name keeps its last value.
+
+    Raises:
+        ProtoError: The payload is not a valid Example, or ``__key__`` is not one UTF-8 value.
+    """
+    try:
+        return _decode_fast(payload)
+    except (_Unusual, IndexError, UnicodeDecodeError):
+        return _decode_runtime(payload)

@@ -1,0 +1,338 @@
+"""The TFRecord shard reader."""
+
+from __future__ import annotations
+
+import io
+import posixpath
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
+
+from fastload.errors import CorruptDataError, FormatError, ObjectNotFoundError
+from fastload.formats._base import OnError, ShardReader
+from fastload.formats.tfrecord._compression import (
+    InflateReader,
+    detect_compression,
+    normalize_compression,
+)
+from fastload.formats.tfrecord._example import ProtoError, decode_example
+from fastload.formats.tfrecord._framing import HEADER, HEADER_SIZE, U32LE, crc32c, mask, masked_crc
+from fastload.formats.tfrecord._index import RecordIndex, parse_index
+from fastload.storage import ByteRange, Store
+
+__all__ = ["TFRecordReader"]
+
+#: Payloads longer than this are read in pieces of this size (guards against absurd lengths
+#: when CRCs are not verified).
+_MAX_READ = 64 * 1024 * 1024
+_EXTENSIONS = (".tfrecords", ".tfrecord", ".tfr")
+
+
+def _read_exact(read: Callable[[int], bytes], n: int) -> bytes:
+    if n <= _MAX_READ:
+        return read(n)
+    parts = []
+    while n > 0:
+        part = read(min(n, _MAX_READ))
+        if not part:
+            break
+        parts.append(part)
+        n -= len(part)
+    return b"".join(parts)
+
+
+class TFRecordReader(ShardReader):
+    """Reads ``tf.train.Example`` records of one TFRecord shard as samples.
+
+    Yields ``{"__key__", "__url__", "__index__", field: bytes, ...}`` in record order; fields in
+    the order they were written. ``__index__`` is the record's position in the shard (records
+    skipped under ``on_error="skip"`` keep their positions). Examples without a ``__key__``
+    feature (written by other tools) get the key ``<shard key without extension>/<position:08d>``.
+
+    Streaming (iteration) reads the shard sequentially through ``store.open_reader`` and never
+    holds more than one record. With an index (``key + ".idx"`` or ``index_key``), :meth:`__len__`,
+    :meth:`read` (one ranged get) and :meth:`iter_from` (seeks) work too. gzip- and
+    zlib-compressed files (TensorFlow's ``compression_type="GZIP"``/``"ZLIB"``) stream through
+    a decompressor; they have no random access, and byte offsets in their errors are offsets in
+    the decompressed stream.
+
+    A reader is used by one thread at a time; it opens nothing until used, so it pickles and can
+    be created before forking.
+
+    Args:
+        store: Where the shard is.
+        key: The shard's key.
+        on_error: ``raise`` (default), ``skip`` or ``warn``. A bad payload CRC or an undecodable
+            Example skips that record; a bad length CRC or a truncated record ends the shard (the
+            rest cannot be located) and counts one skip.
+        index_key: Key of the index; ``None`` means ``key + ".idx"`` when it exists.
+        verify: Check both CRCs of every record (default). ``False`` skips the checks (faster;
+            corruption then surfaces as undecodable Examples, or not at all).
+        compression: ``"auto"`` (default: detect gzip/zlib from the first bytes), ``None``,
+            ``"gzip"`` or ``"zlib"``.
+        chunk_size: Read-ahead of the underlying store stream, in bytes (0: the store's default).
+    """
+
+    supports_random_access: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        store: Store,
+        key: str,
+        *,
+        on_error: OnError = "raise",
+        index_key: str | None = None,
+        verify: bool = True,
+        compression: str | None = "auto",
+        chunk_size: int = 0,
+    ) -> None:
+        super().__init__(store, key, on_error=on_error, index_key=index_key)
+        self.verify = verify
+        self.compression = normalize_compression(compression, allow_auto=True)
+        self.chunk_size = chunk_size
+        self._index: RecordIndex | None = None
+        self._index_loaded = False
+        self._stem = default_stem(key)
+
+    # ---- streaming ------------------------------------------------------------------------------
+
+    def _open(self, offset: int = 0) -> tuple[io.BufferedIOBase, str | None]:
+        """Open the shard positioned at ``offset``; return the stream and its compression."""
+        if self.chunk_size:
+            raw = self.store.open_reader(self.key, chunk_size=self.chunk_size)
+        else:
+            raw = self.store.open_reader(self.key)
+        compression = self.compression
+        try:
+            if compression == "auto":
+                head = raw.read(HEADER_SIZE + 64)
+                compression = detect_compression(head)[1]
+                raw.seek(0)
+            if compression is None:
+                if offset:
+                    raw.seek(offset)
+                return raw, None
+            stream = io.BufferedReader(InflateReader(raw, compression, url=self.url), 1 << 20)
+        except BaseException:
+            raw.close()
+            raise
+        if offset:
+            raise FormatError(
+                f"cannot seek to byte {offset} of a {compression}-compressed TFRecord file",
+                url=self.url,
+            )
+        return stream, compression
+
+    def _corrupt(self, message: str, offset: int, compression: str | None) -> CorruptDataError:
+        if compression is not None:
+            message += f" (offset in the {compression}-decompressed stream)"
+        return CorruptDataError(message, url=self.url, offset=offset)
+
+    def _records(self, start: int, offset: int) -> Iterator[dict[str, Any]]:
+        """Samples from record ``start`` (at byte ``offset``) to the end of the shard."""
+        stream, compression = self._open(offset)
+        url, verify, handle = self.url, self.verify, self.policy.handle
+        unpack_header, unpack_crc = HEADER.unpack, U32LE.unpack
+        with stream:
+            read = stream.read
+            i = start
+            while True:
+                header = read(HEADER_SIZE)
+                if len(header) < HEADER_SIZE:
+                    if header:
+                        handle(
+                            self._corrupt(
+                                f"truncated TFRecord: the file ends {len(header)} bytes into a "
+                                "12-byte record header",
+                                offset,
+                                compression,
+                            )
+                        )
+                    return
+                length, length_crc = unpack_header(header)
+                if verify and masked_crc(header[:8]) != length_crc:
+                    handle(
+                        self._corrupt(
+                            f"TFRecord length CRC mismatch in record {i}: the record length "
+                            "cannot be trusted, so the rest of the shard cannot be read",
+                            offset,
+                            compression,
+                        )
+                    )
+                    return
+                payload = read(length) if length <= _MAX_READ else _read_exact(read, length)
+                footer = read(4)
+                if len(payload) < length or len(footer) < 4:
+                    handle(
+                        self._corrupt(
+                            f"truncated TFRecord: record {i} needs {length + 16} bytes, the file "
+                            f"ends after {HEADER_SIZE + len(payload) + len(footer)}",
+                            offset,
+                            compression,
+                        )
+                    )
+                    return
+                record_offset = offset
+                offset += length + 16
+                if verify and mask(crc32c(payload)) != unpack_crc(footer)[0]:
+                    handle(
+                        self._corrupt(
+                            f"TFRecord payload CRC mismatch in record {i}: the data is damaged",
+                            record_offset,
+                            compression,
+                        )
+                    )
+                    i += 1
+                    continue
+                try:
+                    key, fields = decode_example(payload)
+                except ProtoError as exc:
+                    handle(self._corrupt(f"record {i}: {exc}", record_offset, compression))
+                    i += 1
+                    continue
+                sample: dict[str, Any] = {
+                    "__key__": f"{self._stem}/{i:08d}" if key is None else key,
+                    "__url__": url,
+                    "__index__": i,
+                }
+                sample.update(fields)
+                i += 1
+                yield sample
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """Yield the shard's samples in order, streaming.
+
+        Raises:
+            CorruptDataError: Under ``on_error="raise"``, for the first damaged record (the URL
+                and the record's byte offset are in the message and on the exception).
+        """
+        return self._records(0, 0)
+
+    # ---- random access --------------------------------------------------------------------------
+
+    def _load_index(self) -> RecordIndex:
+        if self._index_loaded:
+            if self._index is None:
+                raise self._no_index()
+            return self._index
+        index_key = self.index_key if self.index_key is not None else self.key + ".idx"
+        try:
+            text = self.store.get(index_key)
+        except ObjectNotFoundError:
+            if self.index_key is not None:
+                raise
+            text = None
+        self._index_loaded = True
+        if text is not None:
+            head = self.store.get(self.key, ByteRange(0, min(self.store.size(self.key), 512)))
+            compression = detect_compression(head)[1]
+            if compression is not None:
+                raise FormatError(
+                    f"{self.url} is {compression}-compressed: records have no byte offsets, so "
+                    "there is no random access (its index does not apply); stream it with "
+                    "iteration, or decompress it / rewrite it with fastload",
+                    url=self.url,
+                )
+            self._index = parse_index(text, url=self.store.child_url(index_key))
+        if self._index is None:
+            raise self._no_index()
+        return self._index
+
+    def _no_index(self) -> FormatError:
+        return FormatError(
+            f"{type(self).__name__} needs the index {self.key}.idx for random access and it "
+            "does not exist; build it with `fastload index` (or stream the shard by iterating)",
+            url=self.url,
+        )
+
+    def __len__(self) -> int:
+        """Number of records, from the index.
+
+        Raises:
+            FormatError: There is no index, or the file is compressed.
+        """
+        return len(self._load_index())
+
+    def read(self, i: int) -> dict[str, Any]:
+        """The ``i``-th sample, with one ranged get of its record.
+
+        Raises whatever the record's damage is (:class:`CorruptDataError`) regardless of
+        ``on_error``, since there is no sample to return.
+
+        Raises:
+            IndexError: ``i`` is out of range.
+            FormatError: There is no index, or the file is compressed.
+            CorruptDataError: The record is damaged or does not match the index.
+        """
+        index = self._load_index()
+        n = len(index)
+        if not -n <= i < n:
+            raise IndexError(f"record {i} out of range: {self.url} has {n} records")
+        i %= n
+        offset, size = index.offsets[i], index.sizes[i]
+        try:
+            data = self.store.get(self.key, ByteRange(offset, offset + size))
+        except ValueError as exc:  # InvalidRangeError: the index points past the end
+            raise CorruptDataError(
+                f"the index entry of record {i} ({offset} {size}) reaches past the end of the "
+                "shard; rebuild the index with `fastload index`",
+                url=self.url,
+                offset=offset,
+            ) from exc
+        length, length_crc = HEADER.unpack_from(data)
+        if length + 16 != size:
+            raise CorruptDataError(
+                f"record {i} has length {length} but its index entry says {size} bytes; the "
+                "index does not belong to this shard, rebuild it with `fastload index`",
+                url=self.url,
+                offset=offset,
+            )
+        payload = data[HEADER_SIZE:-4]
+        if self.verify:
+            if masked_crc(data[:8]) != length_crc:
+                raise CorruptDataError(
+                    f"TFRecord length CRC mismatch in record {i}", url=self.url, offset=offset
+                )
+            if mask(crc32c(payload)) != U32LE.unpack_from(data, size - 4)[0]:
+                raise CorruptDataError(
+                    f"TFRecord payload CRC mismatch in record {i}: the data is damaged",
+                    url=self.url,
+                    offset=offset,
+                )
+        try:
+            key, fields = decode_example(payload)
+        except ProtoError as exc:
+            raise CorruptDataError(f"record {i}: {exc}", url=self.url, offset=offset) from exc
+        sample: dict[str, Any] = {
+            "__key__": f"{self._stem}/{i:08d}" if key is None else key,
+            "__url__": self.url,
+            "__index__": i,
+        }
+        sample.update(fields)
+        return sample
+
+    def iter_from(self, start: int) -> Iterator[dict[str, Any]]:
+        """Yield samples from position ``start`` on: with an index it seeks there; without one
+        (or for compressed files) it reads and drops the records before ``start``."""
+        if start <= 0:
+            return iter(self)
+        try:
+            index = self._load_index()
+        except FormatError:
+            return super().iter_from(start)
+        if start >= len(index):
+            return iter(())
+        return self._records(start, index.offsets[start])
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_index"], state["_index_loaded"] = None, False  # reload lazily, cheap to pickle
+        return state
+
+
+def default_stem(key: str) -> str:
+    """The shard key without its TFRecord extension (used to derive keys of key-less records)."""
+    base = posixpath.basename(key)
+    for ext in _EXTENSIONS:
+        if base.endswith(ext) and len(base) > len(ext):
+            return key[: -len(ext)]
+    return key
