@@ -19,9 +19,10 @@ from fastload.errors import (
     StoreUnavailableError,
     TransientStoreError,
 )
-from fastload.storage import ByteRange, RetryConfig, RetryStore, open_store
+from fastload.storage import ByteRange, RetryConfig, RetryStore, Store, open_store
 from fastload.storage._s3 import MIN_PART_SIZE, S3Config, S3Store
 from fastload.testing.ceph import CephS3
+from fastload.testing.store import StoreTests
 
 SECRET = "not-the-real-secret-0123456789abcdef"
 
@@ -90,6 +91,32 @@ def test_connection_refused_is_transient_and_names_endpoint() -> None:
 
 
 # ---- against the Ceph RGW ---------------------------------------------------------------------------
+
+
+@pytest.mark.ceph
+class TestS3StoreConformance(StoreTests):
+    """The bare S3Store under a prefix of a fresh bucket; small list pages exercise pagination."""
+
+    @pytest.fixture
+    def store(self, ceph_s3: CephS3, s3_bucket: str) -> S3Store:
+        return _store(ceph_s3, s3_bucket, "conformance/root", list_page_size=100)
+
+    def read_only_view(self, store: Store) -> Store | None:
+        assert isinstance(store, S3Store)
+        return S3Store(store.bucket, store.prefix, store.config, read_only=True)
+
+
+@pytest.mark.ceph
+class TestOpenStoreS3Conformance(StoreTests):
+    """What users get from open_store("s3://..."): the S3Store inside a RetryStore."""
+
+    @pytest.fixture
+    def store(self, ceph_s3: CephS3, s3_bucket: str) -> Store:
+        return open_store(f"s3://{s3_bucket}", **ceph_s3.store_options())
+
+    def read_only_view(self, store: Store) -> Store | None:
+        assert isinstance(store, RetryStore)
+        return open_store(store.url, **{**store.inner.config.__dict__, "read_only": True})
 
 
 @pytest.mark.ceph
