@@ -1,0 +1,311 @@
+"""The ``fastload`` command: ``convert``, ``inspect``, ``verify``, ``index``.
+
+Each subcommand is a thin layer over the Python API in :mod:`fastload.convert`; adding one means
+writing a ``_add_<name>(subparsers)`` function that sets ``func`` and listing it in
+:data:`SUBCOMMANDS`.
+
+Exit status (every subcommand):
+  0  success
+  1  error (message on stderr), or ``verify`` found problems
+  2  invalid command line
+  3  ``convert`` completed, but ``--on-error skip`` skipped items (listed in the skip report)
+  130 interrupted (Ctrl-C); a re-run of ``convert`` resumes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from fastload.errors import FastloadError
+
+__all__ = ["SUBCOMMANDS", "build_parser", "main"]
+
+_EXIT_CODES = """exit status:
+  0    success
+  1    error (message on stderr), or verify found problems
+  2    invalid command line
+  3    convert completed, but --on-error skip skipped items (see _fastload_skipped.jsonl)
+  130  interrupted; re-run the same convert command to resume
+"""
+
+
+def _out(text: str = "") -> None:
+    sys.stdout.write(text + "\n")
+
+
+def _table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
+    cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+
+    def line(r: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if c[:1].isdigit() else c.ljust(w) for c, w in zip(r, widths))
+
+    out = [line(cells[0]), "  ".join("-" * w for w in widths)]
+    out += [line(r) for r in cells[1:]]
+    return "\n".join(x.rstrip() for x in out)
+
+
+# ---- convert -----------------------------------------------------------------------------------
+
+
+def _add_convert(sub: Any) -> None:
+    p = sub.add_parser(
+        "convert",
+        help="convert a corpus (image folder, files, JSONL, text, CSV, Parquet, shards) to shards",
+        description=(
+            "Convert SRC (a directory, store URL or file) into a sharded dataset at DST with a "
+            "fastload.json manifest. Deterministic (same input and options give the same bytes "
+            "whatever --workers is) and resumable (re-run the same command after an interruption, "
+            "even kill -9, to finish). Sources are auto-detected: a fastload dataset or shard files "
+            "(.tar/.tfrecord/.lmdb); .jsonl, .txt, .csv or .parquet files; root/<class>/<image> "
+            "(imagefolder); anything else is a file tree grouped by path without extension."
+        ),
+        epilog=_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("src", help="the corpus: directory, store URL or single file")
+    p.add_argument("dst", help="the dataset root: directory or store URL (s3://, hdfs://, ...)")
+    p.add_argument(
+        "--format",
+        default="webdataset",
+        help="webdataset (wds), tfrecord or lmdb (default: webdataset)",
+    )
+    p.add_argument(
+        "--shard-size",
+        default=None,
+        help="target shard size, e.g. 256MB (decimal) or 1GiB (binary); default 256MB",
+    )
+    p.add_argument("--shard-samples", type=int, default=None, help="at most N samples per shard")
+    p.add_argument(
+        "--workers", type=int, default=None, help="worker processes (default: all cores)"
+    )
+    p.add_argument("--shuffle", action="store_true", help="mix the sample order (see --seed)")
+    p.add_argument("--seed", type=int, default=0, help="seed of --shuffle (default 0)")
+    p.add_argument(
+        "--on-error",
+        choices=("raise", "skip"),
+        default="raise",
+        help="stop at the first bad item (raise, default) or skip bad items and list them in "
+        "_fastload_skipped.jsonl beside the manifest (exit status 3)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace a different dataset at DST")
+    p.add_argument("--dry-run", action="store_true", help="print the plan; write nothing")
+    p.add_argument(
+        "--map",
+        dest="map_fn",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="transform each sample with FUNCTION(sample) -> sample, or None to drop it",
+    )
+    p.add_argument(
+        "--source-type",
+        default=None,
+        help="force the source type: imagefolder, files, jsonl, text, csv, parquet, shards",
+    )
+    p.add_argument("--prefix", default="shard", help="shard name prefix (default: shard)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress and no summary")
+    p.set_defaults(func=_run_convert)
+
+
+def _run_convert(args: argparse.Namespace) -> int:
+    from fastload.convert import convert
+
+    result = convert(
+        args.src,
+        args.dst,
+        format=args.format,
+        shard_size=args.shard_size,
+        shard_samples=args.shard_samples,
+        workers=args.workers,
+        shuffle=args.shuffle,
+        seed=args.seed,
+        on_error=args.on_error,
+        overwrite=args.overwrite,
+        dry_run=args.dry_run,
+        map_fn=args.map_fn,
+        source_type=args.source_type,
+        prefix=args.prefix,
+        quiet=args.quiet,
+    )
+    return result.exit_code
+
+
+# ---- inspect -----------------------------------------------------------------------------------
+
+
+def _add_inspect(sub: Any) -> None:
+    p = sub.add_parser(
+        "inspect",
+        help="summarise a dataset: manifest, schema, shards, first samples",
+        epilog=_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("url", help="dataset root (directory or store URL)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--samples", type=int, default=3, help="samples to show (default 3)")
+    p.add_argument("--shards", type=int, default=20, help="shard rows to show (default 20)")
+    p.set_defaults(func=_run_inspect)
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    from fastload.convert import inspect_dataset
+    from fastload.convert._progress import format_bytes
+
+    info = inspect_dataset(args.url, samples=args.samples)
+    if args.json:
+        _out(json.dumps(info, indent=2, sort_keys=True, ensure_ascii=False))
+        return 0
+    _out(f"dataset   {info['url']}")
+    _out(f"format    {info['format']} (manifest v{info['manifest_version']})")
+    _out(f"samples   {info['num_samples']}")
+    _out(f"shards    {info['num_shards']}")
+    _out(f"bytes     {info['num_bytes']} ({format_bytes(info['num_bytes'])})")
+    created = info["created_by"]
+    if created:
+        _out(f"created   {created.get('tool', '?')} {created.get('version', '')}".rstrip())
+    classes = info["metadata"].get("classes")
+    if isinstance(classes, list):
+        shown = ", ".join(map(str, classes[:10])) + (" ..." if len(classes) > 10 else "")
+        _out(f"classes   {len(classes)}: {shown}")
+    _out()
+    _out("schema")
+    _out(
+        _table(
+            [(name, s.get("type", "?"), s.get("count", "?")) for name, s in info["schema"].items()],
+            ("field", "type", "samples"),
+        )
+    )
+    _out()
+    shards = info["shards"]
+    _out(f"shards ({len(shards)})")
+    rows = [
+        (s["name"], s["num_samples"], s["num_bytes"], s["sha256"][:16], s.get("index") or "-")
+        for s in shards[: args.shards]
+    ]
+    _out(_table(rows, ("name", "samples", "bytes", "sha256", "index")))
+    if len(shards) > args.shards:
+        _out(f"... {len(shards) - args.shards} more (--shards N or --json to see all)")
+    if info["samples"]:
+        _out()
+        _out(f"first {len(info['samples'])} samples")
+        sample_rows = [
+            (s["key"], s["shard"], ", ".join(f"{k}={v}B" for k, v in s["fields"].items()))
+            for s in info["samples"]
+        ]
+        _out(_table(sample_rows, ("key", "shard", "fields (bytes)")))
+    return 0
+
+
+# ---- verify ------------------------------------------------------------------------------------
+
+
+def _add_verify(sub: Any) -> None:
+    p = sub.add_parser(
+        "verify",
+        help="recompute checksums, sizes, sample counts and indexes against the manifest",
+        epilog=_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("url", help="dataset root (directory or store URL)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--no-index", action="store_true", help="do not check index files")
+    p.set_defaults(func=_run_verify)
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from fastload.convert import verify_dataset
+
+    report = verify_dataset(args.url, check_index=not args.no_index)
+    if args.json:
+        _out(json.dumps(report.to_json(), indent=2, sort_keys=True))
+    else:
+        for problem in report.problems:
+            _out(f"PROBLEM {problem}")
+        status = "OK" if report.ok else f"{len(report.problems)} problem(s)"
+        _out(
+            f"{status}: checked {report.shards_checked} shards, read {report.samples_read} "
+            f"samples at {report.url}"
+        )
+    return 0 if report.ok else 1
+
+
+# ---- index -------------------------------------------------------------------------------------
+
+
+def _add_index(sub: Any) -> None:
+    p = sub.add_parser(
+        "index",
+        help="build DALI-compatible .idx files; write a manifest for third-party shards",
+        epilog=_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("url", help="dataset root or a directory of shards")
+    p.add_argument("--format", default=None, help="only shards of this format")
+    p.add_argument("--no-manifest", action="store_true", help="write index files only, no manifest")
+    p.set_defaults(func=_run_index)
+
+
+def _run_index(args: argparse.Namespace) -> int:
+    from fastload.convert import index_dataset
+
+    result = index_dataset(args.url, format=args.format, write_manifest_file=not args.no_manifest)
+    _out(
+        f"{result.format}: wrote {len(result.indexed)} index files, {len(result.unchanged)} "
+        f"were up to date"
+        + ("; wrote fastload.json" if result.manifest_written else "")
+        + (f"; ignored {len(result.ignored)} other objects" if result.ignored else "")
+        + f" at {result.url}"
+    )
+    return 0
+
+
+#: Subcommand name → function adding its parser (which sets ``func``).
+SUBCOMMANDS: dict[str, Callable[[Any], None]] = {
+    "convert": _add_convert,
+    "inspect": _add_inspect,
+    "verify": _add_verify,
+    "index": _add_index,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``fastload`` argument parser with every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="fastload",
+        description="fastload: convert corpora to shards, inspect, verify and index datasets.",
+        epilog=_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    from fastload import __version__
+
+    parser.add_argument("--version", action="version", version=f"fastload {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for add in SUBCOMMANDS.values():
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``fastload`` command; returns the exit status (see the module docstring)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except KeyboardInterrupt:
+        sys.stderr.write("fastload: interrupted\n")
+        return 130
+    except (FastloadError, OSError) as exc:
+        sys.stderr.write(f"fastload {args.command}: error: {exc}\n")
+        for note in getattr(exc, "__notes__", ()):
+            sys.stderr.write(f"  {note}\n")
+        return 1
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

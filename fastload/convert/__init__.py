@@ -1,0 +1,60 @@
+"""Conversion of raw corpora into sharded datasets, and the tools that inspect, verify and index them.
+
+``fastload.convert(src, dst, ...)`` does what ``fastload convert SRC DST ...`` does; see
+:func:`convert` and this package's ``README.md`` (sources, key and field naming, resumption, the
+skip report, exit codes). Nothing here imports torch.
+"""
+
+from fastload.convert._convert import (
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_SKIPPED,
+    EXIT_USAGE,
+    SKIPPED_KEY,
+    ConvertResult,
+    SkippedItem,
+    convert,
+)
+from fastload.convert._plan import parse_size
+from fastload.convert._sources import (
+    SOURCES,
+    ConversionError,
+    Source,
+    Unit,
+    detect_source_type,
+    open_source,
+    sanitize_field_name,
+    sanitize_key,
+)
+from fastload.convert._tools import (
+    IndexResult,
+    VerifyReport,
+    index_dataset,
+    inspect_dataset,
+    verify_dataset,
+)
+
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_OK",
+    "EXIT_SKIPPED",
+    "EXIT_USAGE",
+    "SKIPPED_KEY",
+    "SOURCES",
+    "ConversionError",
+    "ConvertResult",
+    "IndexResult",
+    "SkippedItem",
+    "Source",
+    "Unit",
+    "VerifyReport",
+    "convert",
+    "detect_source_type",
+    "index_dataset",
+    "inspect_dataset",
+    "open_source",
+    "parse_size",
+    "sanitize_field_name",
+    "sanitize_key",
+    "verify_dataset",
+]

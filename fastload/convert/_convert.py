@@ -1,0 +1,847 @@
+"""``fastload.convert``: parallel, resumable, deterministic conversion of a corpus into shards.
+
+The steps (``fastload/convert/README.md`` has the user-facing version):
+
+1. **Plan** in the calling process: the source enumerates its samples in a fixed order, an optional
+   seeded permutation mixes them, and they are cut into shards by ``shard_samples`` and/or
+   ``shard_size``. The plan's SHA-256 covers the source, the content options and every sample
+   reference, so it identifies the result.
+2. **State**: ``_fastload_convert/plan.json`` is written (atomically) before any shard. A destination
+   holding another dataset (a manifest or a plan with a different hash) is refused with
+   :class:`~fastload.errors.DatasetExistsError` unless ``overwrite=True``.
+3. **Shards**: worker processes each write whole shards (disjoint by construction) through the
+   store's atomic streamed writer, so no partial shard is ever visible under its final name. After a
+   shard and its index are committed, the worker records ``_fastload_convert/done/<shard>.json``.
+   A re-run skips shards whose done record matches the plan and whose objects are present.
+4. **Finish**: the skip report ``_fastload_skipped.jsonl`` (if anything was skipped), then the
+   manifest ``fastload.json`` **last**, then the state objects are deleted.
+
+Nothing written depends on time, worker count or scheduling, so an interrupted run (even by
+SIGKILL) resumed with the same command gives the same bytes as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import multiprocessing
+import os
+import pickle
+import re
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from fastload.convert._plan import (
+    DEFAULT_SHARD_SIZE,
+    ShardPlan,
+    parse_size,
+    plan_hash,
+    plan_shards,
+    shuffle_units,
+)
+from fastload.convert._progress import Progress, format_bytes, format_duration
+from fastload.convert._sources import SOURCES, ConversionError, Source, Unit, open_source
+from fastload.errors import (
+    DatasetExistsError,
+    FastloadError,
+    InvalidArgumentError,
+    ManifestError,
+    ObjectNotFoundError,
+)
+from fastload.formats import MANIFEST_NAME, Manifest, ShardEntry, ShardInfo, get_format
+from fastload.formats._base import FORMATS
+from fastload.formats._sample import KEY, encode_sample
+from fastload.formats.manifest import read_manifest, write_manifest
+from fastload.storage import MemoryStore, Store, open_store
+
+__all__ = [
+    "DONE_PREFIX",
+    "EXIT_ERROR",
+    "EXIT_OK",
+    "EXIT_SKIPPED",
+    "EXIT_USAGE",
+    "PLAN_KEY",
+    "SKIPPED_KEY",
+    "STATE_PREFIX",
+    "ConvertResult",
+    "SkippedItem",
+    "convert",
+]
+
+#: Exit status: success.
+EXIT_OK = 0
+#: Exit status: an error stopped the command (message on stderr), or ``verify`` found problems.
+EXIT_ERROR = 1
+#: Exit status: invalid command line.
+EXIT_USAGE = 2
+#: Exit status: conversion completed, but ``--on-error skip`` skipped items (see the report).
+EXIT_SKIPPED = 3
+
+STATE_PREFIX = "_fastload_convert/"
+PLAN_KEY = STATE_PREFIX + "plan.json"
+DONE_PREFIX = STATE_PREFIX + "done/"
+SKIPPED_KEY = "_fastload_skipped.jsonl"
+_PLAN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SkippedItem:
+    """An input item left out under ``on_error="skip"``.
+
+    Attributes:
+        item: The item (``"cat/001.jpg"``, ``"data.jsonl:17"``, ``"train-000003.tar#12"``).
+        reason: Why, as the error message said.
+        shard: The shard it was planned for, or ``None`` when it was dropped while planning.
+    """
+
+    item: str
+    reason: str
+    shard: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"item": self.item, "reason": self.reason, "shard": self.shard}
+
+
+@dataclass
+class ConvertResult:
+    """What :func:`convert` did.
+
+    Attributes:
+        url: The destination store URL (dataset root).
+        format: Canonical format name.
+        num_samples: Samples written (planned samples for a dry run).
+        num_shards: Shards in the dataset.
+        num_bytes: Bytes of shard objects written (estimated for a dry run).
+        skipped: Items left out under ``on_error="skip"``, in plan order.
+        dropped: Samples the ``map_fn`` hook dropped (returned ``None``); not errors.
+        elapsed: Wall-clock seconds.
+        resumed_shards: Shards already complete from an earlier, interrupted run.
+        dry_run: Nothing was written.
+        plan_sha256: Identity of the plan (also in the manifest's ``created_by``).
+        manifest: The manifest written (``None`` for a dry run).
+        skipped_report: URL of the skip report, or ``None`` when nothing was skipped.
+        shard_names: Shard keys, in dataset order.
+    """
+
+    url: str
+    format: str
+    num_samples: int
+    num_shards: int
+    num_bytes: int
+    skipped: list[SkippedItem] = field(default_factory=list)
+    dropped: int = 0
+    elapsed: float = 0.0
+    resumed_shards: int = 0
+    dry_run: bool = False
+    plan_sha256: str = ""
+    manifest: Manifest | None = None
+    skipped_report: str | None = None
+    shard_names: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        """:data:`EXIT_SKIPPED` (3) if items were skipped, else :data:`EXIT_OK` (0)."""
+        return EXIT_SKIPPED if self.skipped else EXIT_OK
+
+    def summary(self) -> str:
+        """One human-readable paragraph: samples, shards, bytes, skipped items, elapsed time."""
+        if self.dry_run:
+            return (
+                f"dry run: would write {self.num_samples} samples into {self.num_shards} "
+                f"{self.format} shards (about {format_bytes(self.num_bytes)}) at {self.url}; "
+                f"{len(self.skipped)} items would be skipped"
+            )
+        rate = self.num_bytes / self.elapsed / 1e6 if self.elapsed > 0 else 0.0
+        text = (
+            f"converted {self.num_samples} samples into {self.num_shards} {self.format} shards, "
+            f"{format_bytes(self.num_bytes)}, in {format_duration(self.elapsed)} "
+            f"({rate:.1f} MB/s) at {self.url}"
+        )
+        if self.resumed_shards:
+            text += f"; {self.resumed_shards} shards were already done"
+        if self.dropped:
+            text += f"; the map hook dropped {self.dropped} samples"
+        text += f"; skipped {len(self.skipped)} items"
+        if self.skipped_report:
+            text += f" (listed in {self.skipped_report})"
+        return text
+
+
+# ---- the map hook ------------------------------------------------------------------------------
+
+MapFn = Callable[[dict[str, Any]], "dict[str, Any] | None"]
+
+
+def _resolve_map(spec: str | MapFn | None) -> MapFn | None:
+    if spec is None or callable(spec):
+        return spec
+    module_name, sep, qualname = spec.partition(":")
+    if not sep or not module_name or not qualname:
+        raise InvalidArgumentError(
+            f"map function {spec!r} must be written 'module:function' (an importable module and "
+            "a function in it that takes a sample and returns a sample or None)"
+        )
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise InvalidArgumentError(
+            f"cannot load map function {spec!r}: {exc}; the module must be importable (on "
+            "PYTHONPATH) in every worker process"
+        ) from exc
+    if not callable(obj):
+        raise InvalidArgumentError(f"map function {spec!r} is a {type(obj).__name__}, not callable")
+    result: MapFn = obj
+    return result
+
+
+def _map_name(spec: str | MapFn | None) -> str | None:
+    if spec is None or isinstance(spec, str):
+        return spec
+    return f"{getattr(spec, '__module__', '?')}:{getattr(spec, '__qualname__', repr(spec))}"
+
+
+# ---- worker side -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _ShardJob:
+    source: Source
+    dst: Store
+    format_name: str
+    shard: ShardPlan
+    map_spec: str | MapFn | None
+    on_error: str
+    plan_sha256: str
+
+
+class _Counters:
+    """Samples and bytes written, shared with the parent (``multiprocessing.Value``s or plain)."""
+
+    def __init__(self, samples: Any = None, nbytes: Any = None) -> None:
+        self.samples, self.nbytes = samples, nbytes
+        self.local_samples = 0
+        self.local_bytes = 0
+
+    def add(self, samples: int, nbytes: int) -> None:
+        if self.samples is None:
+            self.local_samples += samples
+            self.local_bytes += nbytes
+            return
+        with self.samples.get_lock():
+            self.samples.value += samples
+        with self.nbytes.get_lock():
+            self.nbytes.value += nbytes
+
+    def totals(self) -> tuple[int, int]:
+        if self.samples is None:
+            return self.local_samples, self.local_bytes
+        return int(self.samples.value), int(self.nbytes.value)
+
+
+_COUNTERS = _Counters()
+
+
+def _init_worker(samples: Any, nbytes: Any) -> None:
+    global _COUNTERS
+    _COUNTERS = _Counters(samples, nbytes)
+
+
+def _done_key(name: str) -> str:
+    return f"{DONE_PREFIX}{name}.json"
+
+
+def _write_shard(job: _ShardJob) -> dict[str, Any]:
+    """Write one planned shard, then its done record; returns the record. Runs in a worker."""
+    fmt = get_format(job.format_name)
+    map_fn = _resolve_map(job.map_spec)
+    name = job.shard.name
+    skipped: list[dict[str, Any]] = []
+    dropped = 0
+    keys: dict[str, str] = {}
+    pending_samples = pending_bytes = 0
+
+    def fail(unit: Unit, reason: str, exc: BaseException | None) -> None:
+        if job.on_error == "raise":
+            raise ConversionError(
+                f"cannot convert {unit.item} (planned for shard {job.dst.child_url(name)}): "
+                f"{reason}; fix the input, or pass on_error='skip' (--on-error skip) to leave such "
+                f"items out and list them in {SKIPPED_KEY}"
+            ) from exc
+        skipped.append(SkippedItem(unit.item, reason, name).to_json())
+
+    writer = fmt.writer(job.dst, name, index=True)
+    try:
+        for unit, result in job.source.read_units(job.shard.units):
+            if isinstance(result, Exception):
+                fail(unit, _describe(result), result)
+                continue
+            sample: dict[str, Any] | None = result
+            if map_fn is not None:
+                try:
+                    sample = map_fn(result)
+                except Exception as exc:
+                    fail(unit, f"the map function raised {_describe(exc)}", exc)
+                    continue
+                if sample is None:
+                    dropped += 1
+                    continue
+            try:
+                encoded = encode_sample(sample)  # type: ignore[arg-type]
+            except (InvalidArgumentError, TypeError) as exc:
+                fail(unit, _describe(exc), exc)
+                continue
+            key = str(encoded[KEY])
+            if key in keys:
+                fail(unit, f"sample key {key!r} is already used by {keys[key]} in this shard", None)
+                continue
+            keys[key] = unit.item
+            writer.write(encoded)
+            pending_samples += 1
+            pending_bytes += sum(len(v) for k, v in encoded.items() if k != KEY)
+            if pending_samples >= 64:
+                _COUNTERS.add(pending_samples, pending_bytes)
+                pending_samples = pending_bytes = 0
+        info = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    _COUNTERS.add(pending_samples, pending_bytes)
+    record = {
+        "plan_sha256": job.plan_sha256,
+        "shard": name,
+        "info": {
+            "key": info.key,
+            "num_samples": info.num_samples,
+            "num_bytes": info.num_bytes,
+            "sha256": info.sha256,
+            "index_key": info.index_key,
+            "fields": dict(sorted(info.fields.items())),
+        },
+        "skipped": skipped,
+        "dropped": dropped,
+    }
+    job.dst.put(_done_key(name), _json_bytes(record))
+    return record
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _json_bytes(doc: Any) -> bytes:
+    return (json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+# ---- parent side -------------------------------------------------------------------------------
+
+
+def _valid_done(store: Store, name: str, plan: str) -> dict[str, Any] | None:
+    """The done record of shard ``name`` if it belongs to ``plan`` and its objects are intact."""
+    try:
+        record = json.loads(store.get(_done_key(name)))
+        if record.get("plan_sha256") != plan:
+            return None
+        info = record["info"]
+        if store.size(info["key"]) != info["num_bytes"]:
+            return None
+        if info.get("index_key") and not store.exists(info["index_key"]):
+            return None
+    except (FastloadError, OSError, ValueError, KeyError, TypeError):
+        return None
+    result: dict[str, Any] = record
+    return result
+
+
+_SHARD_RE_TEMPLATE = r"^{prefix}-[0-9]{{6}}\.(?:{exts})(?:\.idx)?$"
+
+
+def _shard_pattern(prefix: str) -> re.Pattern[str]:
+    exts = "|".join(sorted({"tar", "tfrecord", "lmdb"}))
+    return re.compile(_SHARD_RE_TEMPLATE.format(prefix=re.escape(prefix), exts=exts))
+
+
+def _clear_destination(store: Store, old: Manifest | None, prefix: str) -> None:
+    """Remove a previous dataset: manifest first (so it is never half-valid), then its shards and
+    indexes, our-pattern shard objects, the skip report and conversion state."""
+    store.delete_many([MANIFEST_NAME])
+    keys: list[str] = []
+    if old is not None:
+        for entry in old.shards:
+            keys.append(entry.name)
+            if entry.index:
+                keys.append(entry.index)
+    pattern = _shard_pattern(prefix)
+    keys.extend(m.key for m in store.list(f"{prefix}-") if pattern.match(m.key))
+    keys.append(SKIPPED_KEY)
+    keys.extend(store.list_keys(STATE_PREFIX))
+    store.delete_many(sorted(set(keys)))
+
+
+def _existing_manifest(store: Store) -> Manifest | bool | None:
+    """The manifest at the root, ``None`` if there is none, ``False`` if it is unreadable."""
+    if not store.exists(MANIFEST_NAME):
+        return None
+    try:
+        return read_manifest(store)
+    except ManifestError:
+        return False
+
+
+def _pool_context() -> multiprocessing.context.BaseContext:
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
+def convert(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    format: str = "webdataset",  # noqa: A002 - the public name the design fixes
+    shard_size: int | str | None = None,
+    shard_samples: int | None = None,
+    workers: int | None = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    on_error: str = "raise",
+    overwrite: bool = False,
+    dry_run: bool = False,
+    map_fn: str | MapFn | None = None,
+    source_type: str | None = None,
+    prefix: str = "shard",
+    quiet: bool = False,
+    store_options: Mapping[str, Any] | None = None,
+    source_options: Mapping[str, Any] | None = None,
+    progress_stream: IO[str] | None = None,
+) -> ConvertResult:
+    """Convert a corpus into a sharded dataset with a ``fastload.json`` manifest.
+
+    The same input and options give byte-identical shards and manifest whatever ``workers`` is. An
+    interrupted conversion (even by SIGKILL) re-run with the same arguments completes without
+    redoing finished shards, with the same bytes as an uninterrupted run. No partial shard is ever
+    visible under its final name; the manifest is written last. See ``fastload/convert/README.md``
+    for the sources, key and field naming, and the skip report.
+
+    Args:
+        src: The corpus: a directory or store URL (image folder, file tree, JSONL / text / CSV /
+            Parquet files, existing shards or a fastload dataset), or a single file.
+        dst: The dataset root: a local directory or store URL.
+        format: ``webdataset`` (``wds``), ``tfrecord`` or ``lmdb``.
+        shard_size: Target shard size in bytes, or a string such as ``"256MB"`` / ``"1GiB"``.
+            Estimated while planning (from file sizes; for record sources from record or row-group
+            sizes). Default 256 MB when ``shard_samples`` is not given either.
+        shard_samples: Maximum samples per shard. With ``shard_size`` the first limit reached wins.
+        workers: Worker processes writing shards (default: ``os.cpu_count()``). 1 writes in this
+            process. ``memory://`` stores always write in this process.
+        shuffle: Mix the sample order with a permutation derived from ``seed``.
+        seed: Seed of the permutation (only used with ``shuffle``).
+        on_error: ``raise`` (stop at the first bad item; finished shards are kept and a re-run
+            resumes) or ``skip`` (leave bad items out, list them in ``_fastload_skipped.jsonl``).
+        overwrite: Replace a different dataset (or unfinished conversion) at ``dst``.
+        dry_run: Plan, report, write nothing.
+        map_fn: ``"module:function"`` or a picklable module-level function taking a sample
+            (``{"__key__": str, field: bytes}``) and returning a sample or ``None`` to drop it. It
+            runs in the worker processes (imported by name there).
+        source_type: Force the source type (``imagefolder``, ``files``, ``jsonl``, ``text``,
+            ``csv``, ``parquet``, ``shards``) instead of detecting it.
+        prefix: Shard name prefix: shards are ``{prefix}-{n:06d}.{tar|tfrecord|lmdb}``.
+        quiet: No progress output or summary.
+        store_options: Options for the destination store (e.g. ``endpoint_url``).
+        source_options: Options for the source store.
+        progress_stream: Where progress and the summary go (default ``sys.stderr``).
+
+    Returns:
+        A :class:`ConvertResult`.
+
+    Raises:
+        InvalidArgumentError: Bad options, empty input, or ``dst`` inside ``src``.
+        DatasetExistsError: ``dst`` already holds a different dataset and ``overwrite`` is False.
+        ConversionError: An input item is bad and ``on_error="raise"``; the message names it.
+        ObjectNotFoundError: ``src`` does not exist.
+    """
+    start = time.monotonic()
+    if on_error not in ("raise", "skip"):
+        raise InvalidArgumentError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    fmt = get_format(format)
+    format_name = FORMATS.canonical(format)
+    size_limit = parse_size(shard_size) if shard_size is not None else None
+    if shard_samples is not None and (isinstance(shard_samples, bool) or shard_samples <= 0):
+        raise InvalidArgumentError(f"shard_samples must be a positive int, got {shard_samples!r}")
+    if size_limit is None and shard_samples is None:
+        size_limit = DEFAULT_SHARD_SIZE
+    n_workers = (os.cpu_count() or 1) if workers is None else int(workers)
+    if n_workers < 1:
+        raise InvalidArgumentError(f"workers must be at least 1, got {workers!r}")
+    if not prefix or "/" in prefix or prefix.startswith((".", "_")):
+        raise InvalidArgumentError(
+            f"prefix {prefix!r} must be a non-empty name without '/' that does not start with "
+            "'.' or '_'"
+        )
+    _resolve_map(map_fn)  # fail early, in the parent, for a bad spec
+    stream = progress_stream if progress_stream is not None else sys.stderr
+
+    source = open_source(src, source_type=source_type, store_options=source_options)
+    dst_store = open_store(dst, **dict(store_options or {}))
+    _check_not_inside(source, dst_store)
+
+    # 1. plan
+    plan_skipped: list[SkippedItem] = []
+
+    def report(item: str, reason: str) -> None:
+        if on_error == "raise":
+            raise ConversionError(
+                f"cannot convert {source.store.child_url(item) if ':' not in item else item}: "
+                f"{reason}; fix the input, or pass on_error='skip' (--on-error skip) to leave it "
+                f"out and list it in {SKIPPED_KEY}"
+            )
+        plan_skipped.append(SkippedItem(item, reason, None))
+
+    units = source.plan_units(report)
+    if not units:
+        raise InvalidArgumentError(
+            f"no samples to convert in {source.store.url} (source type {source.type_name}"
+            + (
+                f"; {len(plan_skipped)} items were skipped, see the reasons above"
+                if plan_skipped
+                else ""
+            )
+            + "); check the path and --source-type"
+        )
+    if shuffle:
+        units = shuffle_units(units, seed)
+    shards = plan_shards(
+        units,
+        format_name=format_name,
+        extension=fmt.extension,
+        prefix=prefix,
+        shard_samples=shard_samples,
+        shard_size=size_limit,
+    )
+    options = {
+        "format": format_name,
+        "shard_size": size_limit,
+        "shard_samples": shard_samples,
+        "shuffle": bool(shuffle),
+        "seed": int(seed) if shuffle else None,
+        "prefix": prefix,
+        "map": _map_name(map_fn),
+        "source_type": SOURCES.canonical(source.type_name),
+    }
+    described = source.describe()
+    digest = plan_hash(described, options, shards)
+    est_bytes = sum(s.est_bytes for s in shards)
+    progress = Progress(len(units), est_bytes, quiet=quiet or dry_run, stream=stream)
+
+    if dry_run:
+        result = ConvertResult(
+            url=dst_store.url,
+            format=format_name,
+            num_samples=len(units),
+            num_shards=len(shards),
+            num_bytes=est_bytes,
+            skipped=plan_skipped,
+            dry_run=True,
+            plan_sha256=digest,
+            shard_names=[s.name for s in shards],
+            elapsed=time.monotonic() - start,
+        )
+        if not quiet:
+            _print_dry_run(stream, source, shards, result)
+        return result
+
+    # 2. destination state
+    old = _existing_manifest(dst_store)
+    if isinstance(old, Manifest) and old.created_by.get("plan_sha256") == digest and not overwrite:
+        dst_store.delete_many(dst_store.list_keys(STATE_PREFIX))
+        result = _result_from_manifest(dst_store, old, digest, start, plan_skipped)
+        if not quiet:
+            progress.message("the destination already holds this exact dataset; nothing to do")
+            progress.message(result.summary())
+        return result
+    resume = False
+    try:
+        plan_doc = json.loads(dst_store.get(PLAN_KEY))
+    except ObjectNotFoundError:
+        plan_doc = None
+    except ValueError:
+        plan_doc = {}
+    if not overwrite:
+        if old is not None:
+            raise DatasetExistsError(
+                f"{dst_store.url} already holds a different dataset ({MANIFEST_NAME} was made from "
+                "another source or with other options); pass overwrite=True (--overwrite) to "
+                "replace it, or choose another destination"
+            )
+        if plan_doc is not None:
+            if plan_doc.get("plan_sha256") != digest:
+                raise DatasetExistsError(
+                    f"{dst_store.url} holds an unfinished conversion of a different input or with "
+                    f"other options ({PLAN_KEY}); re-run that command to finish it, or pass "
+                    "overwrite=True (--overwrite) to start over"
+                )
+            resume = True
+        else:
+            pattern = _shard_pattern(prefix)
+            clash = [m.key for m in dst_store.list(f"{prefix}-") if pattern.match(m.key)]
+            if clash:
+                raise DatasetExistsError(
+                    f"{dst_store.url} already holds shards such as {clash[0]!r} that no fastload "
+                    "conversion plan accounts for; pass overwrite=True (--overwrite) to replace "
+                    "them, or choose another destination or prefix"
+                )
+    else:
+        _clear_destination(dst_store, old if isinstance(old, Manifest) else None, prefix)
+    if not resume:
+        dst_store.put(
+            PLAN_KEY,
+            _json_bytes(
+                {
+                    "fastload_convert_plan": _PLAN_VERSION,
+                    "plan_sha256": digest,
+                    "source": described,
+                    "options": options,
+                    "num_samples": len(units),
+                    "num_shards": len(shards),
+                    "est_bytes": est_bytes,
+                }
+            ),
+        )
+
+    # 3. shards
+    records: dict[str, dict[str, Any]] = {}
+    if resume:
+        for shard in shards:
+            record = _valid_done(dst_store, shard.name, digest)
+            if record is not None:
+                records[shard.name] = record
+    resumed = len(records)
+    done_samples = sum(r["info"]["num_samples"] for r in records.values())
+    done_bytes = sum(r["info"]["num_bytes"] for r in records.values())
+    progress.update(done_samples, done_bytes)
+    if resumed and not quiet:
+        progress.message(f"resuming: {resumed} of {len(shards)} shards are already done")
+    jobs = [
+        _ShardJob(source, dst_store, format_name, shard, map_fn, on_error, digest)
+        for shard in shards
+        if shard.name not in records
+    ]
+    in_process = (
+        n_workers <= 1
+        or len(jobs) <= 1
+        or isinstance(dst_store, MemoryStore)
+        or isinstance(source.store, MemoryStore)
+    )
+    try:
+        if in_process:
+            _run_in_process(jobs, records, progress, done_samples, done_bytes)
+        else:
+            if map_fn is not None and not isinstance(map_fn, str):
+                _check_picklable(map_fn)
+            _run_pool(jobs, records, progress, min(n_workers, len(jobs)), done_samples, done_bytes)
+    finally:
+        progress.close()
+
+    # 4. finish: skip report, manifest (last), state cleanup
+    skipped = list(plan_skipped)
+    infos: list[ShardInfo] = []
+    dropped = 0
+    for shard in shards:
+        record = records[shard.name]
+        skipped.extend(SkippedItem(s["item"], s["reason"], s["shard"]) for s in record["skipped"])
+        dropped += int(record["dropped"])
+        info = record["info"]
+        infos.append(
+            ShardInfo(
+                info["key"],
+                info["num_samples"],
+                info["num_bytes"],
+                info["sha256"],
+                info["index_key"],
+                dict(info["fields"]),
+            )
+        )
+    if skipped:
+        dst_store.put(
+            SKIPPED_KEY,
+            "".join(
+                json.dumps(s.to_json(), sort_keys=True, ensure_ascii=False) + "\n" for s in skipped
+            ).encode("utf-8"),
+        )
+    else:
+        dst_store.delete_many([SKIPPED_KEY])
+    import fastload
+
+    manifest = Manifest(
+        format=format_name,
+        shards=[ShardEntry.from_info(i) for i in infos],
+        schema=Manifest.schema_from_fields(i.fields for i in infos),
+        created_by={
+            "tool": "fastload convert",
+            "version": fastload.__version__,
+            "source": described,
+            "options": options,
+            "plan_sha256": digest,
+            "skipped": len(skipped),
+            "dropped": dropped,
+        },
+        metadata=source.metadata(),
+    )
+    write_manifest(dst_store, manifest)
+    dst_store.delete_many(dst_store.list_keys(STATE_PREFIX))
+    result = ConvertResult(
+        url=dst_store.url,
+        format=format_name,
+        num_samples=manifest.num_samples,
+        num_shards=len(manifest.shards),
+        num_bytes=manifest.num_bytes,
+        skipped=skipped,
+        dropped=dropped,
+        elapsed=time.monotonic() - start,
+        resumed_shards=resumed,
+        plan_sha256=digest,
+        manifest=manifest,
+        skipped_report=dst_store.child_url(SKIPPED_KEY) if skipped else None,
+        shard_names=[s.name for s in manifest.shards],
+    )
+    if not quiet:
+        progress.message(result.summary())
+    return result
+
+
+def _check_not_inside(source: Source, dst: Store) -> None:
+    src_root = getattr(source.store, "root", None)
+    dst_root = getattr(dst, "root", None)
+    if not isinstance(src_root, str) or not isinstance(dst_root, str) or source.keys is not None:
+        return
+    src_real, dst_real = os.path.realpath(src_root), os.path.realpath(dst_root)
+    if dst_real == src_real or dst_real.startswith(src_real.rstrip(os.sep) + os.sep):
+        raise InvalidArgumentError(
+            f"the destination {dst.url} is inside the source {source.store.url}; the shards would "
+            "become part of the input. Choose a destination outside the source directory"
+        )
+
+
+def _check_picklable(map_fn: MapFn) -> None:
+    try:
+        pickle.dumps(map_fn)
+    except Exception as exc:
+        raise InvalidArgumentError(
+            f"map_fn {map_fn!r} cannot be sent to worker processes ({exc}); pass a module-level "
+            "function or its name as 'module:function', or use workers=1"
+        ) from exc
+
+
+def _run_in_process(
+    jobs: Sequence[_ShardJob],
+    records: dict[str, dict[str, Any]],
+    progress: Progress,
+    base_samples: int,
+    base_bytes: int,
+) -> None:
+    global _COUNTERS
+    counters = _Counters()
+    previous, _COUNTERS = _COUNTERS, counters
+    try:
+        for job in jobs:
+            records[job.shard.name] = _write_shard(job)
+            s, b = counters.totals()
+            progress.update(base_samples + s, base_bytes + b)
+    finally:
+        _COUNTERS = previous
+
+
+def _run_pool(
+    jobs: Sequence[_ShardJob],
+    records: dict[str, dict[str, Any]],
+    progress: Progress,
+    n_workers: int,
+    base_samples: int,
+    base_bytes: int,
+) -> None:
+    ctx = _pool_context()
+    samples, nbytes = ctx.Value("q", 0), ctx.Value("q", 0)
+    counters = _Counters(samples, nbytes)
+    executor = ProcessPoolExecutor(
+        max_workers=n_workers, mp_context=ctx, initializer=_init_worker, initargs=(samples, nbytes)
+    )
+    failure: BaseException | None = None
+    try:
+        pending: dict[Future[dict[str, Any]], _ShardJob] = {
+            executor.submit(_write_shard, job): job for job in jobs
+        }
+        while pending:
+            finished, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                job = pending.pop(fut)
+                exc = fut.exception()
+                if exc is not None:
+                    failure = failure or exc
+                    continue
+                records[job.shard.name] = fut.result()
+            if failure is not None:
+                for fut in pending:
+                    fut.cancel()
+                break
+            s, b = counters.totals()
+            progress.update(base_samples + s, base_bytes + b)
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+    if failure is not None:
+        raise failure
+
+
+def _result_from_manifest(
+    store: Store, manifest: Manifest, digest: str, start: float, plan_skipped: list[SkippedItem]
+) -> ConvertResult:
+    skipped: list[SkippedItem] = []
+    try:
+        for line in store.get(SKIPPED_KEY).decode("utf-8").splitlines():
+            doc = json.loads(line)
+            skipped.append(SkippedItem(doc["item"], doc["reason"], doc.get("shard")))
+    except (ObjectNotFoundError, ValueError, KeyError):
+        skipped = list(plan_skipped)
+    return ConvertResult(
+        url=store.url,
+        format=manifest.format,
+        num_samples=manifest.num_samples,
+        num_shards=len(manifest.shards),
+        num_bytes=manifest.num_bytes,
+        skipped=skipped,
+        dropped=int(manifest.created_by.get("dropped", 0)),
+        elapsed=time.monotonic() - start,
+        resumed_shards=len(manifest.shards),
+        plan_sha256=digest,
+        manifest=manifest,
+        skipped_report=store.child_url(SKIPPED_KEY) if skipped else None,
+        shard_names=[s.name for s in manifest.shards],
+    )
+
+
+def _print_dry_run(
+    stream: IO[str], source: Source, shards: Sequence[ShardPlan], result: ConvertResult
+) -> None:
+    lines = [
+        f"source: {source.store.url} ({source.type_name})",
+        f"destination: {result.url} ({result.format})",
+        f"samples: {result.num_samples}",
+        f"shards: {result.num_shards} (about {format_bytes(result.num_bytes)} in all)",
+    ]
+    for shard in list(shards[:5]):
+        lines.append(
+            f"  {shard.name}: {len(shard.units)} samples, ~{format_bytes(shard.est_bytes)}"
+        )
+    if len(shards) > 5:
+        lines.append(f"  ... and {len(shards) - 5} more")
+    for item in result.skipped[:20]:
+        lines.append(f"would skip {item.item}: {item.reason}")
+    if len(result.skipped) > 20:
+        lines.append(f"... and {len(result.skipped) - 20} more items would be skipped")
+    lines.append(result.summary())
+    stream.write("\n".join(lines) + "\n")
+    stream.flush()

@@ -1,0 +1,181 @@
+"""Planning a conversion up front: sample order, assignment to shards, the plan's identity.
+
+Everything here is a pure function of the source's units and the options, so the same input and
+options give the same shards whatever the number of workers, and a re-run can recognise its plan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fastload.convert._sources import Unit
+from fastload.errors import InvalidArgumentError
+
+__all__ = [
+    "DEFAULT_SHARD_SIZE",
+    "ShardPlan",
+    "estimate_sample_bytes",
+    "parse_size",
+    "plan_hash",
+    "plan_shards",
+    "shard_name",
+    "shuffle_units",
+]
+
+#: Target shard size when neither ``shard_size`` nor ``shard_samples`` is given: 256 MB.
+DEFAULT_SHARD_SIZE = 256_000_000
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "k": 2**10,
+    "m": 2**20,
+    "g": 2**30,
+    "t": 2**40,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: int | str) -> int:
+    """Bytes from ``256MB`` (decimal: 256·10⁶), ``1GiB`` / ``1G`` (binary: 2³⁰), or a plain number.
+
+    Accepted units (case-insensitive): B, KB, MB, GB, TB (powers of 1000); KiB, MiB, GiB, TiB and
+    K, M, G, T (powers of 1024).
+
+    Raises:
+        InvalidArgumentError: Not a positive size.
+    """
+    if isinstance(value, bool):
+        raise InvalidArgumentError(f"size must be a number of bytes or e.g. '256MB', got {value!r}")
+    if isinstance(value, int):
+        number = value
+    else:
+        match = _SIZE_RE.match(str(value))
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in _UNITS:
+            raise InvalidArgumentError(
+                f"cannot parse size {value!r}; use bytes or a number with one of the units "
+                "B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB, K, M, G, T (powers of "
+                "1024), e.g. '256MB' or '1GiB'"
+            )
+        number = int(float(match.group(1)) * _UNITS[unit])
+    if number <= 0:
+        raise InvalidArgumentError(f"size must be positive, got {value!r}")
+    return number
+
+
+def shard_name(prefix: str, n: int, extension: str) -> str:
+    """``{prefix}-{n:06d}.{extension}``."""
+    return f"{prefix}-{n:06d}.{extension}"
+
+
+def estimate_sample_bytes(format_name: str, unit: Unit) -> int:
+    """Bytes a sample will take in a shard of ``format_name`` (payload plus framing), estimated."""
+    payload, nfields = unit.size, max(1, unit.nfields)
+    if format_name == "webdataset":  # a 512-byte header per member, data padded to 512 bytes
+        return payload + nfields * (512 + 511)
+    if format_name == "tfrecord":  # record framing, Example feature maps and the key feature
+        return payload + 16 + nfields * 24 + 64
+    if format_name == "lmdb":  # key, msgpack map headers, page and node overhead
+        return payload + nfields * 16 + 96
+    return payload + nfields * 64
+
+
+def shuffle_units(units: Sequence[Unit], seed: int) -> list[Unit]:
+    """Deterministic permutation of ``units``: ordered by BLAKE2b-64 of ``(seed, position)``.
+
+    Independent of Python and NumPy versions (no PRNG stream involved), so the same seed gives the
+    same order everywhere.
+    """
+    prefix = f"{int(seed)}:".encode()
+
+    def rank(i: int) -> bytes:
+        return hashlib.blake2b(prefix + str(i).encode(), digest_size=8).digest()
+
+    order = sorted(range(len(units)), key=rank)
+    return [units[i] for i in order]
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """One planned shard.
+
+    Attributes:
+        index: Shard number (``n`` in the name).
+        name: Shard key relative to the dataset root.
+        units: The samples it will hold, in order.
+        est_bytes: Estimated shard size in bytes.
+    """
+
+    index: int
+    name: str
+    units: tuple[Unit, ...]
+    est_bytes: int
+
+
+def plan_shards(
+    units: Sequence[Unit],
+    *,
+    format_name: str,
+    extension: str,
+    prefix: str,
+    shard_samples: int | None,
+    shard_size: int | None,
+) -> list[ShardPlan]:
+    """Cut ``units`` (in their final order) into consecutive shards.
+
+    A shard is closed before the sample that would make it exceed ``shard_samples`` samples or
+    ``shard_size`` estimated bytes, whichever comes first; a sample larger than ``shard_size`` gets a
+    shard of its own.
+    """
+    shards: list[ShardPlan] = []
+    current: list[Unit] = []
+    size = 0
+
+    def flush() -> None:
+        nonlocal current, size
+        if current:
+            n = len(shards)
+            shards.append(ShardPlan(n, shard_name(prefix, n, extension), tuple(current), size))
+        current, size = [], 0
+
+    for unit in units:
+        est = estimate_sample_bytes(format_name, unit)
+        if current and (
+            (shard_samples is not None and len(current) >= shard_samples)
+            or (shard_size is not None and size + est > shard_size)
+        ):
+            flush()
+        current.append(unit)
+        size += est
+    flush()
+    return shards
+
+
+def plan_hash(
+    source: Mapping[str, Any], options: Mapping[str, Any], shards: Iterable[ShardPlan]
+) -> str:
+    """SHA-256 identifying a plan: the source, the content-relevant options and every shard's units
+    (references and sizes). Equal hashes mean a re-run would write the same shards."""
+    sha = hashlib.sha256()
+    head = {"source": source, "options": options}
+    sha.update(json.dumps(head, sort_keys=True, separators=(",", ":"), default=str).encode())
+    for shard in shards:
+        sha.update(f"\nshard {shard.name}\n".encode())
+        for unit in shard.units:
+            sha.update(json.dumps([unit.ref, unit.size], separators=(",", ":")).encode())
+            sha.update(b"\n")
+    return sha.hexdigest()

@@ -1,0 +1,121 @@
+"""Progress reporting for long conversions: a tqdm bar on a terminal, plain lines otherwise."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import IO, Any
+
+__all__ = ["Progress", "format_bytes", "format_duration"]
+
+
+def format_bytes(n: float) -> str:
+    """``1234567`` → ``1.2 MB`` (decimal units)."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"  # pragma: no cover
+
+
+def format_duration(seconds: float) -> str:
+    """``83.2`` → ``1:23``; ``4000`` → ``1:06:40``."""
+    s = round(seconds)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+class Progress:
+    """Samples and bytes converted so far, shown as a tqdm bar (terminal) or as a plain line every
+    ``interval`` seconds (pipes, logs). Silent with ``quiet=True``. Used from one thread.
+
+    Args:
+        total_samples: Samples planned (for the percentage and ETA).
+        total_bytes: Bytes estimated (for MB/s context only).
+        quiet: Show nothing.
+        stream: Where to write (default ``sys.stderr``).
+        interval: Seconds between plain lines.
+    """
+
+    def __init__(
+        self,
+        total_samples: int,
+        total_bytes: int,
+        *,
+        quiet: bool = False,
+        stream: IO[str] | None = None,
+        interval: float = 10.0,
+    ) -> None:
+        self.total_samples, self.total_bytes = total_samples, total_bytes
+        self.quiet, self.interval = quiet, interval
+        self.stream = stream if stream is not None else sys.stderr
+        self.samples = 0
+        self.bytes = 0
+        self.start = time.monotonic()
+        self._last_line = self.start
+        self._bar: Any = None
+        if not quiet and _isatty(self.stream):
+            from tqdm import tqdm
+
+            self._bar = tqdm(
+                total=total_samples,
+                unit="sample",
+                unit_scale=True,
+                file=self.stream,
+                desc="converting",
+                dynamic_ncols=True,
+            )
+
+    def update(self, samples: int, nbytes: int) -> None:
+        """Set the absolute totals converted so far (monotonic)."""
+        samples, nbytes = max(samples, self.samples), max(nbytes, self.bytes)
+        delta = samples - self.samples
+        self.samples, self.bytes = samples, nbytes
+        if self.quiet:
+            return
+        now = time.monotonic()
+        elapsed = max(now - self.start, 1e-9)
+        if self._bar is not None:
+            if delta:
+                self._bar.update(delta)
+            self._bar.set_postfix_str(f"{nbytes / elapsed / 1e6:.1f} MB/s", refresh=False)
+        elif now - self._last_line >= self.interval:
+            self._last_line = now
+            self.stream.write(self.line() + "\n")
+            self.stream.flush()
+
+    def line(self) -> str:
+        """A one-line status: counts, rates, ETA."""
+        elapsed = max(time.monotonic() - self.start, 1e-9)
+        rate = self.samples / elapsed
+        pct = 100.0 * self.samples / self.total_samples if self.total_samples else 100.0
+        eta = (self.total_samples - self.samples) / rate if rate > 0 else float("nan")
+        eta_text = format_duration(eta) if eta == eta else "?"
+        return (
+            f"fastload convert: {self.samples}/{self.total_samples} samples ({pct:.1f}%), "
+            f"{rate:.0f} samples/s, {self.bytes / elapsed / 1e6:.1f} MB/s, ETA {eta_text}"
+        )
+
+    def close(self) -> None:
+        """Finish the bar (or nothing for plain lines)."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def message(self, text: str) -> None:
+        """Print a line (unless quiet), without breaking the bar."""
+        if self.quiet:
+            return
+        if self._bar is not None:
+            self._bar.write(text, file=self.stream)
+        else:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+
+
+def _isatty(stream: IO[str]) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False

@@ -1,0 +1,913 @@
+"""Where conversion reads from: raw corpora behind one small interface.
+
+A :class:`Source` does two things:
+
+* :meth:`Source.plan_units` enumerates the corpus **deterministically** (sorted by store key, then by
+  position in the file) into :class:`Unit` records, one per sample. A unit is small, picklable and
+  JSON-able; it carries an estimate of the sample's bytes so the planner can cut shards by size.
+  Record sources (JSONL, text, CSV, Parquet, shards) make one cheap pass here to count records.
+* :meth:`Source.read_units` turns a list of units back into samples, in the order given, in a worker
+  process. Each unit yields either a sample ``{"__key__": str, field: bytes}`` or the exception that
+  made it unreadable, so the caller applies the ``on_error`` policy per item.
+
+Sources read through a :class:`~fastload.storage.Store`, so a corpus on S3 or HDFS works like a local
+one. Hidden files and directories (a path segment starting with ``.``) are ignored everywhere.
+
+Sample keys and field names (documented in ``fastload/convert/README.md``):
+
+* **Keys** must not contain ``.`` in their last path segment (WebDataset splits member names there):
+  :func:`sanitize_key` replaces such dots, and NUL / line breaks anywhere, with ``_``. Two items
+  that end up with the same key are a *collision*: an error naming both items (skippable).
+* **Field names** from file extensions are lower-cased, and ``jpeg`` becomes ``jpg``.
+* **Field values** from structured records (JSON, CSV, Parquet) become bytes by type: bytes stay as
+  they are, ``str`` is UTF-8, ``int`` is ASCII decimal, everything else (float, bool, list, dict) is
+  canonical JSON text; ``null`` / missing values omit the field.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, NamedTuple
+
+from fastload._plugins import PluginRegistry
+from fastload.errors import (
+    CorruptDataError,
+    FastloadError,
+    InvalidArgumentError,
+    ObjectNotFoundError,
+)
+from fastload.formats._sample import KEY, validate_field_name
+from fastload.formats.manifest import MANIFEST_NAME, read_manifest
+from fastload.storage import ObjectMeta, Store, open_store
+
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "SOURCES",
+    "ConversionError",
+    "CsvSource",
+    "FileTreeSource",
+    "ImageFolderSource",
+    "JsonlSource",
+    "ParquetSource",
+    "PlanReporter",
+    "ShardSource",
+    "Source",
+    "TextSource",
+    "Unit",
+    "detect_source_type",
+    "field_value_bytes",
+    "open_source",
+    "sanitize_field_name",
+    "sanitize_key",
+]
+
+#: Extensions that make a directory look like an image folder.
+IMAGE_EXTENSIONS = frozenset(
+    {"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "jxl", "avif"}
+)
+_EXT_ALIASES = {"jpeg": "jpg"}
+_JSONL_EXT = frozenset({"jsonl", "ndjson"})
+_TEXT_EXT = frozenset({"txt"})
+_CSV_EXT = frozenset({"csv"})
+_PARQUET_EXT = frozenset({"parquet", "pq"})
+_SHARD_EXT = {"tar": "webdataset", "tfrecord": "tfrecord", "tfrecords": "tfrecord", "lmdb": "lmdb"}
+#: Objects conversion writes next to a dataset; never treated as input.
+_OWN_PREFIXES = ("_fastload",)
+
+
+class Unit(NamedTuple):
+    """One planned sample.
+
+    Attributes:
+        item: Human-readable name of the input item for messages and the skip report
+            (``"cat/001.jpg"``, ``"data.jsonl:17"``).
+        ref: Source-specific, picklable and JSON-able reference that :meth:`Source.read_units` reads.
+        size: Estimated payload bytes of the sample (exact for file sources).
+        nfields: Estimated number of fields (for the shard-size estimate of per-field overhead).
+    """
+
+    item: str
+    ref: tuple[Any, ...]
+    size: int
+    nfields: int = 1
+
+
+#: ``report(item, reason)``: called for an item that cannot be planned; raises under ``on_error=raise``.
+PlanReporter = Callable[[str, str], None]
+
+
+class ConversionError(FastloadError):
+    """An input item could not be read or converted; the message names the item (file, line,
+    row or shard position) and the shard it was planned for. Raised under ``on_error="raise"``;
+    with ``on_error="skip"`` the item is listed in the skip report instead."""
+
+
+ItemError = ConversionError
+
+
+def sanitize_key(key: str) -> str:
+    """Make ``key`` a valid sample key: in its last ``/`` segment every ``.`` becomes ``_``;
+    NUL, CR and LF become ``_`` everywhere. Deterministic; other characters are kept."""
+    for bad in ("\x00", "\r", "\n"):
+        key = key.replace(bad, "_")
+    head, sep, last = key.rpartition("/")
+    return head + sep + last.replace(".", "_")
+
+
+def sanitize_field_name(name: str) -> str:
+    """Make a column / JSON key usable as a field name: whitespace, ``/`` and NUL become ``_``;
+    leading ``_`` and ``.`` and a trailing ``.`` are dropped; an empty result becomes ``field``."""
+    out = "".join("_" if (c.isspace() or c in "/\x00") else c for c in name)
+    out = out.lstrip("_.").rstrip(".")
+    return out or "field"
+
+
+def field_value_bytes(value: Any) -> bytes | None:
+    """Bytes of a structured-record value (see the module docstring); ``None`` omits the field."""
+    if value is None:
+        return None
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value).encode("ascii")
+    return json.dumps(
+        value, ensure_ascii=False, separators=(",", ":"), sort_keys=True, default=_json_default
+    ).encode("utf-8")
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        raise TypeError("bytes nested inside a list or struct cannot be stored as JSON text")
+    iso = getattr(value, "isoformat", None)
+    if callable(iso):
+        return iso()
+    return str(value)
+
+
+def _ext(name: str) -> str:
+    base = name.rsplit("/", 1)[-1]
+    return base.rsplit(".", 1)[-1].lower() if "." in base else ""
+
+
+def _stem(key: str) -> str:
+    """``a/b/x.jpg`` → ``a/b/x`` (the part before the last dot of the basename)."""
+    head, sep, base = key.rpartition("/")
+    return head + sep + (base.rsplit(".", 1)[0] if "." in base else base)
+
+
+def _field_from_ext(ext: str) -> str:
+    return _EXT_ALIASES.get(ext, ext)
+
+
+def _visible(key: str) -> bool:
+    parts = key.split("/")
+    if any(p.startswith(".") for p in parts):
+        return False
+    return not (
+        len(parts) == 1 and (parts[0] == MANIFEST_NAME or parts[0].startswith(_OWN_PREFIXES))
+    )
+
+
+class Source(ABC):
+    """A corpus to convert: enumerates units up front, reads them back in workers.
+
+    Sources pickle cheaply (a store plus a few options) because every worker task carries one.
+
+    Args:
+        store: Store holding the corpus.
+        keys: The corpus's objects when it is one file (or a given list); ``None`` means every
+            visible object in the store.
+        options: Source-specific options (none are defined by the built-in sources yet).
+    """
+
+    #: Name accepted by ``--source-type``.
+    type_name: ClassVar[str] = ""
+
+    def __init__(self, store: Store, keys: Sequence[str] | None = None, **options: Any) -> None:
+        self.store = store
+        self.keys = list(keys) if keys is not None else None
+        self.options = dict(options)
+        self._metadata: dict[str, Any] = {}
+
+    def listing(self) -> list[ObjectMeta]:
+        """The visible objects of the corpus, sorted by key."""
+        if self.keys is not None:
+            return [self.store.head(k) for k in self.keys]
+        return [m for m in self.store.list("") if _visible(m.key)]
+
+    @abstractmethod
+    def plan_units(self, report: PlanReporter) -> list[Unit]:
+        """Every sample of the corpus as a :class:`Unit`, in a deterministic order.
+
+        Items that cannot even be planned (a file with the wrong columns, a key collision) go to
+        ``report(item, reason)``, which raises under ``on_error=raise``.
+        """
+
+    @abstractmethod
+    def read_units(
+        self, units: Sequence[Unit]
+    ) -> Iterator[tuple[Unit, dict[str, Any] | Exception]]:
+        """Yield ``(unit, sample or the exception that made it unreadable)`` for each unit, in
+        the order given. Samples are ``{"__key__": str, field: bytes}``."""
+
+    def metadata(self) -> dict[str, Any]:
+        """Dataset metadata for the manifest (known after :meth:`plan_units`)."""
+        return dict(self._metadata)
+
+    def describe(self) -> dict[str, Any]:
+        """How the source is identified in ``created_by`` (type and URL)."""
+        out: dict[str, Any] = {"type": self.type_name, "url": self.store.url}
+        if self.keys is not None:
+            out["keys"] = list(self.keys)
+        return out
+
+
+# ---- file sources ------------------------------------------------------------------------------
+
+
+class _FileSource(Source):
+    """Units are samples made of whole files; ``ref = (key, cls or None, ((field, file key), ...))``."""
+
+    def read_units(
+        self, units: Sequence[Unit]
+    ) -> Iterator[tuple[Unit, dict[str, Any] | Exception]]:
+        for unit in units:
+            key, cls, files = unit.ref
+            sample: dict[str, Any] = {KEY: key}
+            try:
+                for field, file_key in files:
+                    sample[field] = self.store.get(file_key)
+            except (OSError, FastloadError) as exc:
+                yield unit, exc
+                continue
+            if cls is not None:
+                sample["cls"] = str(cls).encode("ascii")
+            yield unit, sample
+
+
+class ImageFolderSource(_FileSource):
+    """``root/<class>/<file>``: one sample per file, image bytes as they are.
+
+    Fields: the file's extension lower-cased (``jpeg`` → ``jpg``), and ``cls`` = the index of the
+    class directory among all class directories sorted by name. Key: ``<class>/<file stem>``,
+    sanitized. The manifest metadata gets ``{"classes": [name, ...]}`` (index order). Empty files
+    and files not exactly one directory deep are errors (skippable).
+    """
+
+    type_name = "imagefolder"
+
+    def plan_units(self, report: PlanReporter) -> list[Unit]:
+        entries = self.listing()
+        classes = sorted({m.key.split("/")[0] for m in entries if m.key.count("/") == 1})
+        index = {name: i for i, name in enumerate(classes)}
+        self._metadata = {"classes": classes}
+        units: list[Unit] = []
+        seen: dict[str, str] = {}
+        for meta in entries:
+            if meta.key.count("/") != 1:
+                report(meta.key, "not inside a class directory (expected root/<class>/<file>)")
+                continue
+            cls_name = meta.key.split("/")[0]
+            ext = _ext(meta.key)
+            if not ext:
+                report(meta.key, "has no file extension to name its field")
+                continue
+            if meta.size == 0:
+                report(meta.key, "is an empty file")
+                continue
+            key = sanitize_key(_stem(meta.key))
+            if key in seen:
+                report(meta.key, f"maps to sample key {key!r}, already taken by {seen[key]!r}")
+                continue
+            seen[key] = meta.key
+            field = _field_from_ext(ext)
+            units.append(Unit(meta.key, (key, index[cls_name], ((field, meta.key),)), meta.size, 2))
+        return units
+
+
+class FileTreeSource(_FileSource):
+    """Any directory tree: files grouped into samples by path without extension.
+
+    ``a/b/x.jpg`` + ``a/b/x.json`` → key ``a/b/x`` with fields ``jpg`` and ``json``. The extension is
+    the part after the **last** dot, lower-cased (``jpeg`` → ``jpg``); dots left in the file stem
+    become ``_`` in the key. Two files giving the same key and field, and files without an
+    extension, are errors (skippable).
+    """
+
+    type_name = "files"
+
+    def plan_units(self, report: PlanReporter) -> list[Unit]:
+        groups: dict[str, dict[str, str]] = {}
+        sizes: dict[str, int] = {}
+        for meta in self.listing():
+            ext = _ext(meta.key)
+            if not ext:
+                report(meta.key, "has no file extension to name its field")
+                continue
+            field = _field_from_ext(ext)
+            key = sanitize_key(_stem(meta.key))
+            fields = groups.setdefault(key, {})
+            if field in fields:
+                report(
+                    meta.key,
+                    f"maps to sample key {key!r} field {field!r}, already taken by "
+                    f"{fields[field]!r}",
+                )
+                continue
+            try:
+                validate_field_name(field)
+            except InvalidArgumentError as exc:
+                report(meta.key, str(exc))
+                continue
+            fields[field] = meta.key
+            sizes[key] = sizes.get(key, 0) + meta.size
+        units = []
+        for key in sorted(groups):
+            files = tuple(sorted(groups[key].items()))
+            if files:
+                units.append(Unit(files[0][1], (key, None, files), sizes[key], len(files)))
+        return units
+
+
+# ---- record sources ----------------------------------------------------------------------------
+
+
+def _record_key(stem: str, index: int) -> str:
+    return sanitize_key(f"{stem}/{index:09d}")
+
+
+class _RecordSource(Source):
+    """Units are records of files; ``ref = (file key, group, record index)``.
+
+    ``group`` is the file's row group (Parquet) or 0. Reading groups the units by file and group,
+    reads each group once, and yields in the order asked (buffering when the order is shuffled).
+    """
+
+    def _file_stem(self, key: str) -> str:
+        return _stem(key)
+
+    @abstractmethod
+    def _read_group(
+        self, key: str, group: int, indices: Sequence[int]
+    ) -> Iterator[tuple[int, dict[str, Any] | Exception]]:
+        """Yield ``(index, sample or error)`` for the sorted record ``indices`` of one group."""
+
+    def read_units(
+        self, units: Sequence[Unit]
+    ) -> Iterator[tuple[Unit, dict[str, Any] | Exception]]:
+        ordered = all(a.ref[:3] < b.ref[:3] for a, b in itertools.pairwise(units))
+        if not ordered:
+            # Shuffled: read every group the units need once, then emit in the order asked.
+            yield from self._read_buffered(units)
+            return
+        pos = 0
+        while pos < len(units):  # runs of one group stream without buffering
+            key, group = units[pos].ref[0], units[pos].ref[1]
+            end = pos + 1
+            while end < len(units) and units[end].ref[:2] == (key, group):
+                end += 1
+            run = units[pos:end]
+            results = self._read_group(key, group, [u.ref[2] for u in run])
+            yield from _zip_results(run, results, self._item_error)
+            pos = end
+
+    def _read_buffered(
+        self, units: Sequence[Unit]
+    ) -> Iterator[tuple[Unit, dict[str, Any] | Exception]]:
+        wanted: dict[tuple[str, int], list[int]] = {}
+        for u in units:
+            wanted.setdefault((u.ref[0], u.ref[1]), []).append(u.ref[2])
+        got: dict[tuple[str, int, int], dict[str, Any] | Exception | None] = {}
+        for (key, group), indices in sorted(wanted.items()):
+            for index, result in self._read_group(key, group, sorted(indices)):
+                got[(key, group, index)] = result
+        for u in units:
+            found = got.pop((u.ref[0], u.ref[1], u.ref[2]), None)
+            yield u, found if found is not None else self._item_error(u, "was not found")
+
+    @staticmethod
+    def _item_error(unit: Unit, reason: str) -> Exception:
+        return ItemError(f"{unit.item} {reason}")
+
+
+def _zip_results(
+    run: Sequence[Unit],
+    results: Iterable[tuple[int, dict[str, Any] | Exception]],
+    item_error: Callable[[Unit, str], Exception],
+) -> Iterator[tuple[Unit, dict[str, Any] | Exception]]:
+    by_index = {u.ref[2]: u for u in run}
+    done = 0
+    for index, result in results:
+        unit = by_index.get(index)
+        if unit is None:
+            continue
+        # Results come in ascending order; fill any unit the reader passed over.
+        while run[done].ref[2] < index:
+            yield run[done], item_error(run[done], "was not found in the input")
+            done += 1
+        yield unit, result
+        done += 1
+    while done < len(run):
+        yield run[done], item_error(run[done], "was not found in the input")
+        done += 1
+
+
+def _lines(store: Store, key: str) -> Iterator[tuple[int, int, int]]:
+    """``(line index, byte offset, length without the line break)`` of each non-blank line."""
+    offset = 0
+    with store.open_reader(key) as f:
+        for n, line in enumerate(f):
+            length = len(line)
+            body = line.rstrip(b"\r\n")
+            if body.strip():
+                yield n, offset, len(body)
+            offset += length
+
+
+class _LineSource(_RecordSource):
+    """One sample per non-blank line; ``ref = (file key, 0, line index)`` plus the byte span."""
+
+    def plan_units(self, report: PlanReporter) -> list[Unit]:
+        units: list[Unit] = []
+        for meta in self.listing():
+            try:
+                for n, offset, length in _lines(self.store, meta.key):
+                    units.append(
+                        Unit(f"{meta.key}:{n + 1}", (meta.key, 0, n, offset, length), length)
+                    )
+            except (OSError, FastloadError) as exc:
+                report(meta.key, f"cannot be read: {exc}")
+        return units
+
+    def read_units(
+        self, units: Sequence[Unit]
+    ) -> Iterator[tuple[Unit, dict[str, Any] | Exception]]:
+        # Lines carry their byte span: read runs of nearby lines with one ranged get each.
+        from fastload.storage import ByteRange
+
+        pos = 0
+        while pos < len(units):
+            key, _, _, start, length = units[pos].ref
+            end_byte = start + length
+            end = pos + 1
+            while end < len(units):
+                k, _, _, s, n = units[end].ref
+                if k != key or s < end_byte or s - end_byte > 65536 or s + n - start > 16 << 20:
+                    break
+                end_byte = s + n
+                end += 1
+            try:
+                blob = memoryview(self.store.get(key, ByteRange(start, end_byte)))
+            except (OSError, FastloadError) as exc:
+                for u in units[pos:end]:
+                    yield u, exc
+                pos = end
+                continue
+            for u in units[pos:end]:
+                _, _, n, s, length = u.ref
+                yield u, self._parse(u, key, n, bytes(blob[s - start : s - start + length]))
+            pos = end
+
+    def _read_group(
+        self, key: str, group: int, indices: Sequence[int]
+    ) -> Iterator[
+        tuple[int, dict[str, Any] | Exception]
+    ]:  # pragma: no cover - read_units overrides
+        raise NotImplementedError
+
+    @abstractmethod
+    def _parse(self, unit: Unit, key: str, line: int, data: bytes) -> dict[str, Any] | Exception:
+        """The sample of one line."""
+
+
+class TextSource(_LineSource):
+    """Plain text: one sample per non-blank line, field ``txt`` = the line's bytes without its
+    line break. Key: ``<file stem>/<0-based line index, 9 digits>``."""
+
+    type_name = "text"
+
+    def _parse(self, unit: Unit, key: str, line: int, data: bytes) -> dict[str, Any] | Exception:
+        return {KEY: _record_key(self._file_stem(key), line), "txt": data}
+
+
+def _record_sample(
+    record: Mapping[str, Any], default_key: str, item: str
+) -> dict[str, Any] | Exception:
+    """A sample from a structured record: ``__key__`` (a str) is honoured, other entries become
+    fields (names sanitized, values per :func:`field_value_bytes`)."""
+    key = record.get(KEY)
+    if key is not None and not isinstance(key, str):
+        return ItemError(f"{item}: '__key__' must be a string, got {type(key).__name__}")
+    sample: dict[str, Any] = {KEY: sanitize_key(key) if key else default_key}
+    for name, value in record.items():
+        if name == KEY:
+            continue
+        field = sanitize_field_name(str(name))
+        try:
+            data = field_value_bytes(value)
+        except (TypeError, ValueError) as exc:
+            return ItemError(f"{item}: field {name!r} cannot be stored: {exc}")
+        if data is None:
+            continue
+        if field in sample:
+            return ItemError(f"{item}: fields {name!r} and another both map to field {field!r}")
+        sample[field] = data
+    return sample
+
+
+class JsonlSource(_LineSource):
+    """JSON Lines: one sample per non-blank line, which must be a JSON object.
+
+    Each entry becomes a field named by its key (sanitized) with the value's bytes as described in
+    the module docstring; a string ``__key__`` entry gives the sample key, otherwise the key is
+    ``<file stem>/<0-based line index, 9 digits>``.
+    """
+
+    type_name = "jsonl"
+
+    def _parse(self, unit: Unit, key: str, line: int, data: bytes) -> dict[str, Any] | Exception:
+        try:
+            record = json.loads(data)
+        except ValueError as exc:
+            return CorruptDataError(
+                f"line {line + 1} is not valid JSON ({exc})", url=self.store.child_url(key)
+            )
+        if not isinstance(record, dict):
+            return CorruptDataError(
+                f"line {line + 1} is a JSON {type(record).__name__}, not an object",
+                url=self.store.child_url(key),
+            )
+        return _record_sample(record, _record_key(self._file_stem(key), line), unit.item)
+
+
+def _pyarrow(module: str) -> Any:
+    from fastload._plugins import require
+
+    return require(module, extra="parquet", feature="converting CSV and Parquet")
+
+
+class _TableSource(_RecordSource):
+    """Shared column handling of CSV and Parquet: every file must have the same columns."""
+
+    def _check_columns(
+        self, key: str, names: list[str], first: list[str] | None, report: PlanReporter
+    ) -> bool:
+        if first is not None and names != first:
+            report(
+                key,
+                f"has columns {names}, but the first file has {first}; every file must have the "
+                "same columns (inconsistent columns)",
+            )
+            return False
+        fields = [sanitize_field_name(n) for n in names if n != KEY]
+        if len(set(fields)) != len(fields):
+            report(key, f"columns {names} map to duplicate field names {fields}")
+            return False
+        return True
+
+    def _rows(
+        self, key: str, rows: Iterable[tuple[int, Mapping[str, Any]]]
+    ) -> Iterator[tuple[int, dict[str, Any] | Exception]]:
+        stem = self._file_stem(key)
+        for index, row in rows:
+            yield index, _record_sample(row, _record_key(stem, index), f"{key}:row {index}")
+
+
+class CsvSource(_TableSource):
+    """CSV with a header row (read with pyarrow): one sample per row, columns become fields.
+
+    Cells are kept as their text (UTF-8 bytes); empty cells omit the field. A ``__key__`` column
+    gives the sample key, otherwise ``<file stem>/<0-based row index, 9 digits>``. Every file must
+    have the same header.
+    """
+
+    type_name = "csv"
+
+    def _open(self, key: str, names: list[str] | None) -> Any:
+        pa = _pyarrow("pyarrow")
+        csv = _pyarrow("pyarrow.csv")
+        convert = (
+            csv.ConvertOptions(
+                column_types={n: pa.string() for n in names}, strings_can_be_null=True
+            )
+            if names is not None
+            else None
+        )
+        return csv.open_csv(
+            self.store.open_reader(key),
+            read_options=csv.ReadOptions(block_size=1 << 22),
+            convert_options=convert,
+        )
+
+    def plan_units(self, report: PlanReporter) -> list[Unit]:
+        units: list[Unit] = []
+        first: list[str] | None = None
+        for meta in self.listing():
+            try:
+                names = list(self._open(meta.key, None).schema.names)
+                if not self._check_columns(meta.key, names, first, report):
+                    continue
+                first = first or names
+                row = 0
+                for batch in self._open(meta.key, names):
+                    per_row = max(1, batch.nbytes // max(1, batch.num_rows))
+                    for _ in range(batch.num_rows):
+                        units.append(
+                            Unit(f"{meta.key}:row {row}", (meta.key, 0, row), per_row, len(names))
+                        )
+                        row += 1
+            except (OSError, FastloadError) as exc:
+                report(meta.key, f"cannot be read: {exc}")
+            except Exception as exc:  # pyarrow.ArrowInvalid and friends
+                report(meta.key, f"is not valid CSV: {exc}")
+        return units
+
+    def _read_group(
+        self, key: str, group: int, indices: Sequence[int]
+    ) -> Iterator[tuple[int, dict[str, Any] | Exception]]:
+        wanted = iter(indices)
+        nxt = next(wanted, None)
+        try:
+            names = list(self._open(key, None).schema.names)
+            row = 0
+            for batch in self._open(key, names):
+                if nxt is None:
+                    return
+                if nxt >= row + batch.num_rows:
+                    row += batch.num_rows
+                    continue
+                records = batch.to_pylist()
+                picked = []
+                while nxt is not None and nxt < row + len(records):
+                    picked.append((nxt, records[nxt - row]))
+                    nxt = next(wanted, None)
+                yield from self._rows(key, picked)
+                row += len(records)
+        except Exception as exc:
+            err = (
+                exc
+                if isinstance(exc, (OSError, FastloadError))
+                else CorruptDataError(f"cannot read CSV: {exc}", url=self.store.child_url(key))
+            )
+            while nxt is not None:
+                yield nxt, err
+                nxt = next(wanted, None)
+
+
+class ParquetSource(_TableSource):
+    """Parquet (read with pyarrow, one row group at a time): one sample per row.
+
+    Binary columns stay bytes; other types per the module docstring. A ``__key__`` column gives the
+    sample key, otherwise ``<file stem>/<0-based row index in the file, 9 digits>``. Every file must
+    have the same column names. ``ref = (file key, row group, row index in the file)``.
+    """
+
+    type_name = "parquet"
+
+    def _file(self, key: str) -> Any:
+        pq = _pyarrow("pyarrow.parquet")
+        return pq.ParquetFile(self.store.open_reader(key))
+
+    def plan_units(self, report: PlanReporter) -> list[Unit]:
+        units: list[Unit] = []
+        first: list[str] | None = None
+        for meta in self.listing():
+            try:
+                pf = self._file(meta.key)
+                names = list(pf.schema_arrow.names)
+                if not self._check_columns(meta.key, names, first, report):
+                    continue
+                first = first or names
+                row = 0
+                for g in range(pf.metadata.num_row_groups):
+                    rg = pf.metadata.row_group(g)
+                    per_row = max(1, rg.total_byte_size // max(1, rg.num_rows))
+                    for _ in range(rg.num_rows):
+                        units.append(
+                            Unit(f"{meta.key}:row {row}", (meta.key, g, row), per_row, len(names))
+                        )
+                        row += 1
+            except (OSError, FastloadError) as exc:
+                report(meta.key, f"cannot be read: {exc}")
+            except Exception as exc:
+                report(meta.key, f"is not valid Parquet: {exc}")
+        return units
+
+    def _read_group(
+        self, key: str, group: int, indices: Sequence[int]
+    ) -> Iterator[tuple[int, dict[str, Any] | Exception]]:
+        try:
+            pf = self._file(key)
+            first_row = sum(pf.metadata.row_group(g).num_rows for g in range(group))
+            records = pf.read_row_group(group).to_pylist()
+        except Exception as exc:
+            err = (
+                exc
+                if isinstance(exc, (OSError, FastloadError))
+                else CorruptDataError(
+                    f"cannot read row group {group}: {exc}", url=self.store.child_url(key)
+                )
+            )
+            for i in indices:
+                yield i, err
+            return
+        yield from self._rows(
+            key, ((i, records[i - first_row]) for i in indices if 0 <= i - first_row < len(records))
+        )
+
+
+# ---- existing shards ---------------------------------------------------------------------------
+
+
+class ShardSource(_RecordSource):
+    """Existing shards: a fastload dataset (its ``fastload.json`` lists the shards) or a directory
+    of third-party WebDataset tars / TFRecords / LMDB shards (format by extension, confirmed by
+    the format's ``detect``). Samples keep their keys and field bytes exactly.
+    ``ref = (shard key, 0, sample position in the shard)``.
+    """
+
+    type_name = "shards"
+
+    def __init__(self, store: Store, keys: Sequence[str] | None = None, **options: Any) -> None:
+        super().__init__(store, keys, **options)
+        self.format_name: str | None = options.get("format")
+
+    def _shards(self, report: PlanReporter) -> list[tuple[str, int | None, int | None]]:
+        """``(key, num_samples or None, num_bytes or None)`` per shard, in dataset order."""
+        if self.keys is None and self.store.exists(MANIFEST_NAME):
+            manifest = read_manifest(self.store)
+            self.format_name = manifest.format
+            self._metadata = dict(manifest.metadata)
+            return [(s.name, s.num_samples, s.num_bytes) for s in manifest.shards]
+        out: list[tuple[str, int | None, int | None]] = []
+        formats: set[str] = set()
+        for meta in self.listing():
+            fmt = _SHARD_EXT.get(_ext(meta.key))
+            if fmt is None:
+                continue
+            formats.add(fmt)
+            out.append((meta.key, None, meta.size))
+        if len(formats) > 1:
+            raise InvalidArgumentError(
+                f"{self.store.url} holds shards of several formats ({sorted(formats)}); convert "
+                "one format at a time by pointing at a directory of one format"
+            )
+        if formats and self.format_name is None:
+            self.format_name = formats.pop()
+        return out
+
+    def _format(self) -> Any:
+        from fastload.formats import get_format
+
+        if self.format_name is None:
+            raise InvalidArgumentError(f"no shards found in {self.store.url}")
+        return get_format(self.format_name)
+
+    def plan_units(self, report: PlanReporter) -> list[Unit]:
+        units: list[Unit] = []
+        for key, count, nbytes in self._shards(report):
+            try:
+                if count is None:
+                    fmt = self._format()
+                    with fmt.reader(self.store, key) as reader:
+                        count = sum(1 for _ in reader)
+            except (OSError, FastloadError) as exc:
+                report(key, f"cannot be read: {exc}")
+                continue
+            per = max(1, (nbytes or 0) // max(1, count))
+            units.extend(Unit(f"{key}#{i}", (key, 0, i), per, 1) for i in range(count))
+        return units
+
+    def _read_group(
+        self, key: str, group: int, indices: Sequence[int]
+    ) -> Iterator[tuple[int, dict[str, Any] | Exception]]:
+        wanted = set(indices)
+        last = max(indices) if indices else -1
+        try:
+            with self._format().reader(self.store, key) as reader:
+                for i, sample in enumerate(reader):
+                    if i > last:
+                        break
+                    if i in wanted:
+                        yield (
+                            i,
+                            {k: v for k, v in sample.items() if k == KEY or not k.startswith("__")},
+                        )
+        except (OSError, FastloadError) as exc:
+            for i in indices:
+                yield i, exc
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        out["format"] = self.format_name
+        return out
+
+
+# ---- registry and detection --------------------------------------------------------------------
+
+SOURCES = PluginRegistry(
+    "conversion source",
+    "fastload.convert.sources",
+    "Pass one of these as source_type=... or --source-type.",
+)
+SOURCES.register("imagefolder", ImageFolderSource, aliases=("image-folder", "images"))
+SOURCES.register("files", FileTreeSource, aliases=("filetree", "file-tree", "tree"))
+SOURCES.register("jsonl", JsonlSource, aliases=("json", "ndjson"))
+SOURCES.register("text", TextSource, aliases=("txt", "lines"))
+SOURCES.register("csv", CsvSource)
+SOURCES.register("parquet", ParquetSource, aliases=("pq",))
+SOURCES.register("shards", ShardSource, aliases=("webdataset", "wds", "tfrecord", "lmdb"))
+
+_RECORD_TYPES = (
+    (_JSONL_EXT, "jsonl"),
+    (_TEXT_EXT, "text"),
+    (_CSV_EXT, "csv"),
+    (_PARQUET_EXT, "parquet"),
+)
+
+
+def detect_source_type(store: Store, keys: Sequence[str] | None = None) -> str:
+    """Guess the source type of a corpus (see ``fastload/convert/README.md``).
+
+    Order: a ``fastload.json`` → ``shards``; all files JSONL / text / CSV / Parquet → that type;
+    all files shards (``.tar``, ``.tfrecord``, ``.lmdb``) → ``shards``; every file exactly one
+    directory deep with an image extension → ``imagefolder``; anything else → ``files``.
+
+    Raises:
+        InvalidArgumentError: The corpus is empty.
+    """
+    if keys is None and store.exists(MANIFEST_NAME):
+        return "shards"
+    names = list(keys) if keys is not None else [m.key for m in store.list("") if _visible(m.key)]
+    if not names:
+        raise InvalidArgumentError(
+            f"no input files in {store.url} (empty input; hidden files are ignored)"
+        )
+    exts = {_ext(n) for n in names}
+    for family, name in _RECORD_TYPES:
+        if exts <= family:
+            return name
+    if exts - {"idx"} and exts - {"idx"} <= set(_SHARD_EXT):
+        return "shards"
+    if all(n.count("/") == 1 for n in names) and exts <= IMAGE_EXTENSIONS:
+        return "imagefolder"
+    return "files"
+
+
+def open_source(
+    src: str | os.PathLike[str],
+    *,
+    source_type: str | None = None,
+    store_options: Mapping[str, Any] | None = None,
+) -> Source:
+    """Open ``src`` (a directory / prefix URL, or one file) as a :class:`Source`.
+
+    A local path naming a file, or a URL whose last segment has a known record or shard extension,
+    is a one-file corpus read from its parent directory.
+
+    Raises:
+        InvalidArgumentError: Unknown ``source_type`` or empty corpus.
+        ObjectNotFoundError: ``src`` does not exist.
+    """
+    text = os.fspath(src)
+    options = dict(store_options or {})
+    keys: list[str] | None = None
+    if "://" not in text:
+        if os.path.isfile(text):
+            parent, base = os.path.split(os.path.abspath(text))
+            store, keys = open_store(parent, **options), [base]
+        elif os.path.isdir(text):
+            store = open_store(text, **options)
+        else:
+            raise ObjectNotFoundError(f"conversion source {text!r} does not exist", url=text)
+    else:
+        base = text.rstrip("/").rsplit("/", 1)[-1]
+        known = _JSONL_EXT | _TEXT_EXT | _CSV_EXT | _PARQUET_EXT | set(_SHARD_EXT)
+        if not text.endswith("/") and _ext(base) in known:
+            store, keys = open_store(text.rstrip("/").rsplit("/", 1)[0], **options), [base]
+            if not store.exists(base):
+                raise ObjectNotFoundError(f"conversion source {text} does not exist", url=text)
+        else:
+            store = open_store(text, **options)
+    name = source_type or detect_source_type(store, keys)
+    cls = SOURCES.load(name)
+    canonical = SOURCES.canonical(name)
+    extra: dict[str, Any] = {}
+    if cls is ShardSource and canonical == "shards" and name.lower() in _FORMAT_ALIASES:
+        extra["format"] = _FORMAT_ALIASES[name.lower()]
+    source: Source = cls(store, keys, **extra)
+    return source
+
+
+_FORMAT_ALIASES = {
+    "webdataset": "webdataset",
+    "wds": "webdataset",
+    "tfrecord": "tfrecord",
+    "lmdb": "lmdb",
+}

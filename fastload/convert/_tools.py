@@ -1,0 +1,407 @@
+"""The companion commands of ``convert``: inspect, verify and index a dataset.
+
+* :func:`inspect_dataset` summarises a dataset (manifest, schema, shards, the first samples).
+* :func:`verify_dataset` recomputes every shard's checksum, size, sample count and index and
+  reports **every** problem, precisely.
+* :func:`index_dataset` builds or rebuilds the DALI-compatible ``<shard>.idx`` files, and writes a
+  manifest for a directory of third-party shards (WebDataset tars, TFRecords, LMDB files).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastload.convert._sources import _SHARD_EXT, _ext, _visible
+from fastload.errors import FastloadError, InvalidArgumentError, ObjectNotFoundError
+from fastload.formats import (
+    MANIFEST_NAME,
+    Format,
+    Manifest,
+    ShardEntry,
+    get_format,
+    read_manifest,
+    write_manifest,
+)
+from fastload.formats._base import FORMATS
+from fastload.storage import Store, open_store
+
+__all__ = [
+    "IndexResult",
+    "VerifyReport",
+    "index_dataset",
+    "inspect_dataset",
+    "verify_dataset",
+]
+
+_CHUNK = 8 << 20
+_DETECT_BYTES = 4096
+
+
+def _open(url: str | os.PathLike[str] | Store, options: Mapping[str, Any] | None) -> Store:
+    if isinstance(url, Store):
+        return url
+    return open_store(url, **dict(options or {}))
+
+
+def _sha256(store: Store, key: str) -> tuple[str, int]:
+    sha = hashlib.sha256()
+    n = 0
+    with store.open_reader(key) as f:
+        while block := f.read(_CHUNK):
+            sha.update(block)
+            n += len(block)
+    return sha.hexdigest(), n
+
+
+# ---- inspect -----------------------------------------------------------------------------------
+
+
+def inspect_dataset(
+    url: str | os.PathLike[str] | Store,
+    *,
+    samples: int = 3,
+    store_options: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Describe a dataset as a JSON-able dict.
+
+    Keys: ``url``, ``format``, ``num_samples``, ``num_bytes``, ``num_shards``, ``schema``,
+    ``created_by``, ``metadata``, ``shards`` (name, samples, bytes, sha256, index per shard) and
+    ``samples``: the first ``samples`` samples of the first shards as ``{"key", "shard",
+    "fields": {name: size in bytes}}``.
+
+    Raises:
+        ObjectNotFoundError: No ``fastload.json`` (the message says to run ``fastload index``).
+    """
+    store = _open(url, store_options)
+    manifest = read_manifest(store)
+    fmt = get_format(manifest.format)
+    first: list[dict[str, Any]] = []
+    for entry in manifest.shards:
+        if len(first) >= samples:
+            break
+        with fmt.reader(store, entry.name) as reader:
+            for sample in reader:
+                first.append(
+                    {
+                        "key": sample["__key__"],
+                        "shard": entry.name,
+                        "fields": {k: len(v) for k, v in sample.items() if not k.startswith("__")},
+                    }
+                )
+                if len(first) >= samples:
+                    break
+    return {
+        "url": store.url,
+        "format": manifest.format,
+        "manifest_version": manifest.version,
+        "num_samples": manifest.num_samples,
+        "num_bytes": manifest.num_bytes,
+        "num_shards": len(manifest.shards),
+        "schema": manifest.schema,
+        "created_by": manifest.created_by,
+        "metadata": manifest.metadata,
+        "shards": [s.to_json() for s in manifest.shards],
+        "samples": first,
+    }
+
+
+# ---- verify ------------------------------------------------------------------------------------
+
+
+@dataclass
+class VerifyReport:
+    """What :func:`verify_dataset` found.
+
+    Attributes:
+        url: The dataset root.
+        shards_checked: Shards examined.
+        samples_read: Samples read back from all shards.
+        problems: One precise sentence per problem (shard URL, expected vs found); empty if OK.
+    """
+
+    url: str
+    shards_checked: int = 0
+    samples_read: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing is wrong."""
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "ok": self.ok,
+            "shards_checked": self.shards_checked,
+            "samples_read": self.samples_read,
+            "problems": list(self.problems),
+        }
+
+
+def _first_difference(a: bytes, b: bytes) -> int:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def verify_dataset(
+    url: str | os.PathLike[str] | Store,
+    *,
+    store_options: Mapping[str, Any] | None = None,
+    check_index: bool = True,
+) -> VerifyReport:
+    """Check every shard of a dataset against its manifest.
+
+    For each shard: it exists; its size and SHA-256 match; reading it yields the manifest's sample
+    count without errors; its index (rebuilt with the format's ``build_index``) equals the stored
+    ``.idx`` byte for byte. Then the field counts read must match the manifest's schema. Every
+    problem is reported; nothing stops at the first one.
+
+    Raises:
+        ObjectNotFoundError: No manifest.
+        ManifestError: The manifest itself is malformed.
+    """
+    store = _open(url, store_options)
+    manifest = read_manifest(store)
+    report = VerifyReport(store.url)
+    fmt = get_format(manifest.format)
+    field_counts: dict[str, int] = {}
+    for entry in manifest.shards:
+        report.shards_checked += 1
+        where = store.child_url(entry.name)
+        try:
+            sha, size = _sha256(store, entry.name)
+        except ObjectNotFoundError:
+            report.problems.append(f"{where}: shard is missing")
+            continue
+        except (OSError, FastloadError) as exc:
+            report.problems.append(f"{where}: cannot be read: {exc}")
+            continue
+        if size != entry.num_bytes:
+            report.problems.append(
+                f"{where}: size is {size} bytes, the manifest says {entry.num_bytes}"
+            )
+        if sha != entry.sha256:
+            report.problems.append(
+                f"{where}: SHA-256 is {sha}, the manifest says {entry.sha256} (the shard's "
+                "bytes changed)"
+            )
+        count = 0
+        try:
+            with fmt.reader(store, entry.name) as reader:
+                for sample in reader:
+                    count += 1
+                    for name in sample:
+                        if not name.startswith("__"):
+                            field_counts[name] = field_counts.get(name, 0) + 1
+        except (OSError, FastloadError) as exc:
+            report.problems.append(f"{where}: reading failed after {count} samples: {exc}")
+        else:
+            if count != entry.num_samples:
+                report.problems.append(
+                    f"{where}: holds {count} samples, the manifest says {entry.num_samples}"
+                )
+        report.samples_read += count
+        if check_index:
+            _verify_index(store, fmt, entry, report)
+    schema_counts = {name: int(s.get("count", -1)) for name, s in manifest.schema.items()}
+    if not report.problems and schema_counts and schema_counts != field_counts:
+        report.problems.append(
+            f"{store.child_url(MANIFEST_NAME)}: schema field counts {schema_counts} do not match "
+            f"the fields read from the shards {field_counts}"
+        )
+    return report
+
+
+def _verify_index(store: Store, fmt: Format, entry: ShardEntry, report: VerifyReport) -> None:
+    where = store.child_url(entry.name)
+    if fmt.build_index is None:
+        if entry.index:
+            report.problems.append(
+                f"{where}: the manifest names an index {entry.index!r}, but the {fmt.name} "
+                "format has none"
+            )
+        return
+    if not entry.index:
+        return
+    try:
+        stored = store.get(entry.index)
+    except ObjectNotFoundError:
+        report.problems.append(
+            f"{store.child_url(entry.index)}: index is missing; rebuild it with `fastload index`"
+        )
+        return
+    try:
+        expected = fmt.build_index(store, entry.name)
+    except (OSError, FastloadError) as exc:
+        report.problems.append(f"{where}: cannot rebuild its index to compare: {exc}")
+        return
+    if expected is not None and stored != expected:
+        report.problems.append(
+            f"{store.child_url(entry.index)}: index differs from the shard's contents "
+            f"({len(stored)} bytes stored, {len(expected)} expected, first difference at byte "
+            f"{_first_difference(stored, expected)}); rebuild it with `fastload index`"
+        )
+
+
+# ---- index -------------------------------------------------------------------------------------
+
+
+@dataclass
+class IndexResult:
+    """What :func:`index_dataset` did.
+
+    Attributes:
+        url: The dataset root.
+        format: The shards' format.
+        indexed: Index keys written (new or changed).
+        unchanged: Index keys that were already correct.
+        manifest_written: Whether ``fastload.json`` was (re)written.
+        ignored: Objects that are not shards of the format (not indexed).
+    """
+
+    url: str
+    format: str
+    indexed: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    manifest_written: bool = False
+    ignored: list[str] = field(default_factory=list)
+
+
+def _detect_format(store: Store, key: str) -> str | None:
+    try:
+        size = store.size(key)
+        from fastload.storage import ByteRange
+
+        head = store.get(key, ByteRange(0, min(size, _DETECT_BYTES)))
+    except (OSError, FastloadError):
+        return None
+    by_ext = _SHARD_EXT.get(_ext(key))
+    candidates = ([by_ext] if by_ext else []) + [n for n in FORMATS.names() if n != by_ext]
+    for name in candidates:
+        try:
+            fmt = get_format(name)
+        except FastloadError:
+            continue
+        if fmt.detect is not None and fmt.detect(head):
+            return fmt.name
+    return None
+
+
+def _write_index(store: Store, fmt: Format, key: str, result: IndexResult) -> str | None:
+    if fmt.build_index is None:
+        return None
+    data = fmt.build_index(store, key)
+    if data is None:
+        return None
+    index_key = key + ".idx"
+    try:
+        same = store.get(index_key) == data
+    except ObjectNotFoundError:
+        same = False
+    if same:
+        result.unchanged.append(index_key)
+    else:
+        store.put(index_key, data)
+        result.indexed.append(index_key)
+    return index_key
+
+
+def index_dataset(
+    url: str | os.PathLike[str] | Store,
+    *,
+    format: str | None = None,  # noqa: A002 - mirrors convert(format=...)
+    write_manifest_file: bool = True,
+    store_options: Mapping[str, Any] | None = None,
+) -> IndexResult:
+    """Build or rebuild ``<shard>.idx`` files, and a manifest where there is none.
+
+    With a ``fastload.json``: every listed shard gets its index rebuilt (written only when it
+    changed); the manifest is rewritten if an index entry changed. Without one: every visible
+    object whose first bytes match a format (``format`` forces one) is a shard; all must be of one
+    format. Each is indexed, hashed and read to count samples and fields, and a manifest listing
+    them in key order is written (``created_by.tool = "fastload index"``). Objects that are not
+    shards are left alone and listed in :attr:`IndexResult.ignored`.
+
+    Raises:
+        InvalidArgumentError: No shards, or shards of several formats.
+    """
+    import fastload
+
+    store = _open(url, store_options)
+    if store.exists(MANIFEST_NAME):
+        manifest = read_manifest(store)
+        fmt = get_format(manifest.format)
+        result = IndexResult(store.url, fmt.name)
+        changed = False
+        entries = []
+        for entry in manifest.shards:
+            index_key = _write_index(store, fmt, entry.name, result)
+            if index_key != entry.index:
+                changed = True
+            entries.append(
+                ShardEntry(entry.name, entry.num_samples, entry.num_bytes, entry.sha256, index_key)
+            )
+        if changed and write_manifest_file:
+            manifest.shards = entries
+            write_manifest(store, manifest)
+            result.manifest_written = True
+        return result
+
+    wanted = FORMATS.canonical(format) if format else None
+    shards: list[tuple[str, str]] = []
+    ignored: list[str] = []
+    for meta in store.list(""):
+        key = meta.key
+        if not _visible(key) or key.endswith(".idx"):
+            continue
+        found = _detect_format(store, key)
+        if found is None or (wanted is not None and found != wanted):
+            ignored.append(key)
+            continue
+        shards.append((key, found))
+    kinds = sorted({f for _, f in shards})
+    if not shards:
+        raise InvalidArgumentError(
+            f"no shards found in {store.url}"
+            + (f" (format {wanted})" if wanted else " (no WebDataset tar, TFRecord or LMDB file)")
+            + "; point at the directory that holds them"
+        )
+    if len(kinds) > 1:
+        raise InvalidArgumentError(
+            f"{store.url} holds shards of several formats ({', '.join(kinds)}); pass --format to "
+            "index one of them"
+        )
+    fmt = get_format(kinds[0])
+    result = IndexResult(store.url, fmt.name, ignored=ignored)
+    entries = []
+    fields: list[dict[str, int]] = []
+    for key, _ in shards:
+        index_key = _write_index(store, fmt, key, result)
+        sha, size = _sha256(store, key)
+        counts: dict[str, int] = {}
+        n = 0
+        with fmt.reader(store, key) as reader:
+            for sample in reader:
+                n += 1
+                for name in sample:
+                    if not name.startswith("__"):
+                        counts[name] = counts.get(name, 0) + 1
+        fields.append(counts)
+        entries.append(ShardEntry(key, n, size, sha, index_key))
+    if write_manifest_file:
+        manifest = Manifest(
+            format=fmt.name,
+            shards=entries,
+            schema=Manifest.schema_from_fields(fields),
+            created_by={"tool": "fastload index", "version": fastload.__version__},
+        )
+        write_manifest(store, manifest)
+        result.manifest_written = True
+    return result
