@@ -15,14 +15,52 @@ __all__ = ["ToTuple", "default_collate", "empty_like_batch", "to_tuple"]
 
 
 def default_collate(samples: Sequence[Any]) -> Any:
-    """Collate processed samples into a batch, like ``torch.utils.data.default_collate``.
+    """Collate processed samples into a batch.
 
-    Tensors and NumPy arrays are stacked (in shared memory when called inside a DataLoader worker,
-    so the batch crosses to the main process without a copy); ``int`` becomes an ``int64`` tensor,
-    ``float`` a ``float64`` tensor; ``str`` and ``bytes`` become lists; mappings and tuples are
-    collated field by field. Every sample must have the same structure.
+    Like ``torch.utils.data.default_collate`` for tensors (stacked; in shared memory when called
+    inside a DataLoader worker, so the batch reaches the main process without a copy), NumPy
+    arrays (stacked into a tensor), ``int``/``float``/``bool`` (an ``int64``/``float64``/``bool``
+    tensor) and mappings (collated key by key). The differences: ``bytes``, ``str``, ``None`` and
+    other objects become a **list**, and tuple samples give a **tuple** of collated fields (torch
+    gives lists), so ``images, labels = batch`` reads naturally.
+
+    Raises:
+        InvalidArgumentError: Samples have different structures (the message names the keys).
     """
-    return _torch_default_collate(list(samples))
+    if not samples:
+        raise InvalidArgumentError("cannot collate an empty list of samples")
+    first = samples[0]
+    if isinstance(first, torch.Tensor):
+        return _torch_default_collate(list(samples))
+    if isinstance(first, np.ndarray) and first.dtype != object:
+        return _torch_default_collate(list(samples))
+    if isinstance(first, bool | np.bool_):
+        return torch.tensor(samples, dtype=torch.bool)
+    if isinstance(first, int | np.integer):
+        return torch.tensor(samples, dtype=torch.int64)
+    if isinstance(first, float | np.floating):
+        return torch.tensor(samples, dtype=torch.float64)
+    if isinstance(first, Mapping):
+        keys = list(first)
+        for s in samples:
+            if not isinstance(s, Mapping) or s.keys() != first.keys():
+                have = sorted(s) if isinstance(s, Mapping) else type(s).__name__
+                raise InvalidArgumentError(
+                    f"cannot collate samples with different fields: {sorted(keys)} and {have}; "
+                    "select common fields with fields=(...) or pass a collate_fn"
+                )
+        return {k: default_collate([s[k] for s in samples]) for k in keys}
+    if isinstance(first, tuple):
+        width = len(first)
+        if any(not isinstance(s, tuple) or len(s) != width for s in samples):
+            raise InvalidArgumentError(
+                f"cannot collate tuples of different lengths (first has {width} fields)"
+            )
+        fields = tuple(default_collate(list(col)) for col in zip(*samples))
+        if hasattr(first, "_fields"):  # namedtuple
+            return type(first)(*fields)
+        return fields
+    return list(samples)
 
 
 def empty_like_batch(batch: Any) -> Any:
@@ -34,9 +72,10 @@ def empty_like_batch(batch: Any) -> Any:
         return batch[:0].copy()
     if isinstance(batch, Mapping):
         return {k: empty_like_batch(v) for k, v in batch.items()}
-    if isinstance(batch, tuple):
-        return tuple(empty_like_batch(v) for v in batch)
-    return []
+    if isinstance(batch, tuple):  # collated tuple samples
+        fields = [empty_like_batch(v) for v in batch]
+        return type(batch)(*fields) if hasattr(batch, "_fields") else tuple(fields)
+    return []  # a list of per-sample values (str, bytes, objects)
 
 
 class ToTuple:

@@ -149,7 +149,7 @@ class EpochOrder:
                 f"epoch positions must lie in [0, {self.num_samples}), got "
                 f"[{int(pos.min())}, {int(pos.max())}]"
             )
-        if not self.shuffle:
+        if not self.shuffle or self.num_samples == 0:
             return pos.copy()
         flat = pos.reshape(-1)
         out = np.empty_like(flat)
