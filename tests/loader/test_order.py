@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -50,8 +52,8 @@ def test_windows_touch_few_blocks(sizes: list[int], block: int, window: int) -> 
     for s, (start, size) in enumerate(zip(starts.tolist(), sizes)):
         for p in range(size):
             block_id[start + p] = (s, p // block)
-    bounds = (order._wstart.tolist() + [n]) if n else [0]
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
+    bounds = ([*order._wstart.tolist(), n]) if n else [0]
+    for lo, hi in itertools.pairwise(bounds):
         assert len({block_id[i] for i in idx[lo:hi].tolist()}) <= window
 
 
@@ -80,7 +82,7 @@ def test_whole_shard_blocks_are_streaming_order() -> None:
     idx = EpochOrder(sizes, seed=3, block_size=None, window=1).indices(np.arange(15)).tolist()
     shard_of = [0] * 5 + [1] * 7 + [2] * 3
     runs = [shard_of[i] for i in idx]
-    changes = sum(1 for x, y in zip(runs, runs[1:]) if x != y)
+    changes = sum(1 for x, y in itertools.pairwise(runs) if x != y)
     assert changes == 2
 
 

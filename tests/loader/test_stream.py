@@ -64,7 +64,8 @@ def run(
             assert steps == sorted(steps)
             assert all((m.step - start) % workers == worker for m, _ in got)
             for meta, keys in got:
-                assert meta.rank == rank and meta.worker == worker
+                assert meta.rank == rank
+                assert meta.worker == worker
                 assert meta.size == len(keys)
                 out[(meta.step, rank)] = keys
                 metas[(meta.step, rank)] = meta
@@ -289,12 +290,13 @@ def test_decode_errors_follow_policy(fake: SimpleNamespace) -> None:
     ((meta, keys),) = BatchStream(
         ds, 5, rank=0, world_size=1, with_meta=True, collate_fn=fake.keys_collate
     )
-    assert meta.skipped == 1 and len(keys) == 4
+    assert meta.skipped == 1
+    assert len(keys) == 4
 
 
 def test_transform_errors_always_raise(fake: SimpleNamespace) -> None:
     ds = fake.make_dataset([3], transform={"cls": int}, on_error="skip", shuffle=False)
-    assert list(BatchStream(ds, 3, rank=0, world_size=1))[0]["cls"].tolist() == [0, 1, 2]
+    assert next(iter(BatchStream(ds, 3, rank=0, world_size=1)))["cls"].tolist() == [0, 1, 2]
     ds = fake.make_dataset([3], transform=_explode, on_error="skip", shuffle=False)
     with pytest.raises(WorkerError, match="transform failed"):
         list(BatchStream(ds, 3, rank=0, world_size=1))
