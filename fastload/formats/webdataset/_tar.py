@@ -41,8 +41,6 @@ _PAX_NAME = b"././@PaxHeader"
 
 # Member kinds as the scanner reports them.
 REGULAR, DIRECTORY, OTHER = 0, 1, 2
-_META_TYPES = (b"x", b"g", b"L", b"K")
-_NO_DATA_TYPES = (b"1", b"2", b"3", b"4", b"5", b"6")
 _TYPE_NAMES = {
     b"1": "hard link",
     b"2": "symbolic link",
@@ -261,28 +259,18 @@ def stream_skipper(stream: io.BufferedIOBase) -> Callable[[int], int]:
 # ---- scanning -------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class Member:
-    """One tar entry as the scanner found it.
-
-    Attributes:
-        name: The member path (pax ``path`` or GNU long name applied), decoded as UTF-8 with
-            ``surrogateescape``.
-        kind: ``REGULAR``, ``DIRECTORY`` or ``OTHER`` (links, devices, FIFOs, ...).
-        type_name: Human-readable entry type for messages.
-        header_offset: Byte offset of the member's first header block (its pax/GNU header if any).
-        data_offset: Byte offset of the member's data (its ustar header's offset + 512).
-        size: Data size in bytes, without padding.
-        data: The data, when the scanner was asked for it and the member is a regular file.
-    """
-
-    name: str
-    kind: int
-    type_name: str
-    header_offset: int
-    data_offset: int
-    size: int
-    data: bytes | None
+#: One member as :func:`scan` yields it (a plain tuple, for speed):
+#: ``(name, kind, type_name, header_offset, data_offset, size, data)``.
+#:
+#: * ``name``: the member path (pax ``path`` or GNU long name applied), decoded as UTF-8 with
+#:   ``surrogateescape``;
+#: * ``kind``: ``REGULAR``, ``DIRECTORY`` or ``OTHER`` (links, devices, FIFOs, ...);
+#: * ``type_name``: human-readable entry type, for messages;
+#: * ``header_offset``: byte offset of the member's first header block (its pax/GNU header if any);
+#: * ``data_offset``: byte offset of its data (its ustar header's offset + 512);
+#: * ``size``: data size in bytes, without padding;
+#: * ``data``: the data when the scanner was asked for it and the member is a regular file.
+Member = tuple[str, int, str, int, int, int, bytes | None]
 
 
 @dataclass(slots=True)
@@ -298,6 +286,41 @@ class Bad:
     lost_next: bool = False
 
 
+_REGULAR_FLAGS = (0x30, 0, 0x37)  # "0", NUL (old tars), "7" (contiguous file)
+_META_FLAGS = (0x78, 0x67, 0x4C, 0x4B)  # "x", "g", "L", "K"
+_NO_DATA_FLAGS = (0x31, 0x32, 0x33, 0x34, 0x35, 0x36)  # "1".."6"
+_CHK_CACHE: dict[bytes, int] = {}
+
+
+def _expected_adler(field: bytes) -> int:
+    """For a checksum field, the low half of ``adler32(header)`` that a valid header has.
+
+    ``adler32``'s low half is ``1 + sum(bytes) mod 65521``; a header whose unsigned checksum is
+    right has ``1 + field_sum - 256 + stored`` there. Cached per field value (-1: unparsable).
+    """
+    expected = _CHK_CACHE.get(field)
+    if expected is None:
+        try:
+            stored = parse_octal(field)
+        except ValueError:
+            stored = -1
+        expected = -1 if not 0 <= stored < 2 * 65521 else (1 + sum(field) - 256 + stored) % 65521
+        if len(_CHK_CACHE) < 1 << 16:
+            _CHK_CACHE[field] = expected
+    return expected
+
+
+def _truncated(url: str, offset: int, what: str) -> Bad:
+    return Bad(
+        CorruptDataError(
+            f"tar archive ends {what}; the shard is truncated, re-create or re-download it",
+            url=url,
+            offset=offset,
+        ),
+        fatal=True,
+    )
+
+
 def scan(
     read: Callable[[int], bytes],
     skip: Callable[[int], int],
@@ -306,19 +329,22 @@ def scan(
     start: int = 0,
     want_data: bool = True,
 ) -> Iterator[Member | Bad]:
-    """Yield the members of a tar stream in order, and :class:`Bad` for each problem found.
+    """Yield the members of a tar stream in order (see :data:`Member`), and :class:`Bad` for
+    each problem found.
 
     Args:
         read: ``read(n)`` returns up to ``n`` bytes (fewer only at the end of the stream).
         skip: ``skip(n)`` advances ``n`` bytes and returns how many were skipped.
         url: The shard URL, for messages.
         start: Byte offset of the stream's position within the shard (a header boundary).
-        want_data: Read regular members' data into :attr:`Member.data`; else skip over it.
+        want_data: Read regular members' data; else skip over it (``data`` is ``None``).
 
     Scanning ends at the first zero block (end of archive). After a header with a bad checksum
     the scanner looks for the next valid ustar header block by block and continues from there
     (``Bad.fatal`` False); a truncated archive yields a fatal :class:`Bad` and stops.
     """
+    adler = zlib.adler32
+    cache_get = _CHK_CACHE.get
     pos = start
     long_name: bytes | None = None
     pax: dict[bytes, bytes] = {}
@@ -326,20 +352,18 @@ def scan(
     meta_offset: int | None = None  # offset of the first pax/GNU block of the pending member
     hdr = read(BLOCK)
     while True:
-        if len(hdr) < BLOCK:
-            what = "inside a header block" if hdr else "without the end-of-archive blocks"
-            yield Bad(
-                CorruptDataError(
-                    f"tar archive ends {what}; the shard is truncated, re-create or re-download it",
-                    url=url,
-                    offset=pos,
-                ),
-                fatal=True,
+        if len(hdr) != BLOCK:
+            yield _truncated(
+                url, pos, "inside a header block" if hdr else "without the end-of-archive blocks"
             )
             return
-        if hdr == ZERO_BLOCK:
-            return
-        if not checksum_ok(hdr):
+        chk = hdr[148:156]
+        expected = cache_get(chk)
+        if expected is None:
+            expected = _expected_adler(chk)
+        if (adler(hdr) & 0xFFFF) != expected and not checksum_ok(hdr):
+            if hdr == ZERO_BLOCK:
+                return
             bad_at = pos
             yield Bad(
                 CorruptDataError(
@@ -379,11 +403,14 @@ def scan(
                     break
             continue
 
-        typeflag = hdr[156:157]
+        typeflag = hdr[156]
         try:
-            size = parse_octal(hdr[124:136])
+            size = int(hdr[124:135], 8) if hdr[135] in (0, 32) else parse_octal(hdr[124:136])
         except ValueError:
-            size = -1
+            try:
+                size = parse_octal(hdr[124:136])
+            except ValueError:
+                size = -1
         if size < 0:
             yield Bad(
                 CorruptDataError(
@@ -392,27 +419,19 @@ def scan(
                 fatal=True,
             )
             return
-        if typeflag in _META_TYPES:
+        if typeflag in _META_FLAGS:
             # Metadata for the next member: pax extended/global header, GNU long name/link.
             padded = size + (-size % BLOCK)
             body = read(padded)
             if len(body) < padded:
-                yield Bad(
-                    CorruptDataError(
-                        f"tar archive ends inside a {typeflag.decode()!r} extension header; the "
-                        "shard is truncated",
-                        url=url,
-                        offset=pos,
-                    ),
-                    fatal=True,
-                )
+                yield _truncated(url, pos, f"inside a {chr(typeflag)!r} extension header")
                 return
             if meta_offset is None:
                 meta_offset = pos
             body = body[:size]
-            if typeflag == b"L":
+            if typeflag == 0x4C:  # "L"
                 long_name = body.split(b"\0", 1)[0]
-            elif typeflag != b"K":
+            elif typeflag != 0x4B:  # "x" or "g"; "K" (GNU long link name) is not needed
                 try:
                     records = _parse_pax(body)
                 except ValueError as exc:
@@ -424,7 +443,7 @@ def scan(
                         lost_next=True,
                     )
                     records = {}
-                if typeflag == b"x":
+                if typeflag == 0x78:
                     pax.update(records)
                 else:
                     global_pax.update(records)
@@ -432,76 +451,86 @@ def scan(
             hdr = read(BLOCK)
             continue
 
-        header_offset = pos if meta_offset is None else meta_offset
-        eff = {**global_pax, **pax} if global_pax else pax
-        if b"path" in eff:
-            name = _decode(eff[b"path"])
-        elif long_name is not None:
-            name = _decode(long_name)
-        else:
-            raw = hdr[0:100].split(b"\0", 1)[0]
-            if hdr[257:262] == b"ustar" and hdr[345] != 0:
-                raw = hdr[345:500].split(b"\0", 1)[0] + b"/" + raw
-            name = _decode(raw)
-        if b"size" in eff:
+        if meta_offset is None and not global_pax:
+            header_offset = pos
+            end = hdr.find(0, 0, 100)
+            raw = hdr[:end] if end >= 0 else hdr[:100]
+            if hdr[345] and hdr[257:263] == b"ustar\x00":
+                end = hdr.find(0, 345, 500)
+                raw = hdr[345 : end if end >= 0 else 500] + b"/" + raw
             try:
-                size = int(eff[b"size"])
-            except ValueError:
-                yield Bad(
-                    CorruptDataError(
-                        f"pax size record {eff[b'size']!r} is not a number", url=url, offset=pos
-                    ),
-                    fatal=True,
-                )
-                return
-        long_name, meta_offset = None, None
-        if pax:
-            pax = {}
+                name = raw.decode()
+            except UnicodeDecodeError:
+                name = raw.decode("utf-8", "surrogateescape")
+        else:
+            header_offset = pos if meta_offset is None else meta_offset
+            eff = {**global_pax, **pax}
+            if b"path" in eff:
+                name = _decode(eff[b"path"])
+            elif long_name is not None:
+                name = _decode(long_name)
+            else:
+                raw = hdr[0:100].split(b"\0", 1)[0]
+                if hdr[345] and hdr[257:263] == b"ustar\x00":
+                    raw = hdr[345:500].split(b"\0", 1)[0] + b"/" + raw
+                name = _decode(raw)
+            if b"size" in eff:
+                try:
+                    size = int(eff[b"size"])
+                except ValueError:
+                    size = -1
+                if size < 0:
+                    yield Bad(
+                        CorruptDataError(
+                            f"pax size record {eff[b'size']!r} is not a number",
+                            url=url,
+                            offset=pos,
+                        ),
+                        fatal=True,
+                    )
+                    return
+            long_name, meta_offset, pax = None, None, {}
 
-        if typeflag in (b"0", b"\0", b"7"):
-            kind = DIRECTORY if typeflag == b"\0" and name.endswith("/") else REGULAR
-            type_name = "directory" if kind == DIRECTORY else "regular file"
-        elif typeflag == b"5":
-            kind, type_name = DIRECTORY, "directory"
-        elif typeflag == b"V":  # GNU volume label: not a file
-            kind, type_name = DIRECTORY, "volume label"
+        data_offset = pos + BLOCK
+        if typeflag in _REGULAR_FLAGS and not (typeflag == 0 and name.endswith("/")):
+            pad = -size % BLOCK
+            if want_data:
+                data = read(size)
+                if len(data) < size:
+                    yield _truncated(
+                        url,
+                        data_offset + len(data),
+                        f"inside member {name!r}, which declares {size} bytes at byte offset "
+                        f"{data_offset}",
+                    )
+                    return
+                if pad:
+                    nxt = read(pad + BLOCK)
+                    hdr = nxt[pad:] if len(nxt) >= pad else b""
+                else:
+                    hdr = read(BLOCK)
+                yield (name, REGULAR, "regular file", header_offset, data_offset, size, data)
+                pos = data_offset + size + pad
+                continue
+            kind, type_name, size_on_disk = REGULAR, "regular file", size
+        elif typeflag in (0x35, 0, 0x56):  # "5", an old-style "name/", "V" (GNU volume label)
+            kind, type_name = DIRECTORY, "volume label" if typeflag == 0x56 else "directory"
+            size_on_disk = 0 if typeflag == 0x35 else size
         else:
             kind = OTHER
-            type_name = _TYPE_NAMES.get(typeflag, f"entry of unknown type {typeflag!r}")
-        # As POSIX and Python's tarfile: links, devices, FIFOs and directories store no data.
-        size_on_disk = 0 if typeflag in _NO_DATA_TYPES else size
-        data_offset = pos + BLOCK
+            flag = bytes((typeflag,))
+            type_name = _TYPE_NAMES.get(flag, f"entry of unknown type {flag!r}")
+            # As POSIX and Python's tarfile: links, devices and FIFOs store no data.
+            size_on_disk = 0 if typeflag in _NO_DATA_FLAGS else size
         pad = -size_on_disk % BLOCK
-        data: bytes | None = None
-        if want_data and kind == REGULAR:
-            data = read(size_on_disk)
-            if len(data) < size_on_disk:
-                yield Bad(
-                    CorruptDataError(
-                        f"tar archive ends inside member {name!r}, which declares {size} bytes "
-                        f"at byte offset {data_offset} but only {len(data)} remain; the shard "
-                        "is truncated",
-                        url=url,
-                        offset=data_offset + len(data),
-                    ),
-                    fatal=True,
-                )
-                return
-            nxt = read(pad + BLOCK)
-            hdr = nxt[pad:] if len(nxt) >= pad else b""
-        else:
-            skipped = skip(size_on_disk + pad) if size_on_disk + pad else 0
-            if skipped < size_on_disk:
-                yield Bad(
-                    CorruptDataError(
-                        f"tar archive ends inside member {name!r} (declared size {size} at byte "
-                        f"offset {data_offset}); the shard is truncated",
-                        url=url,
-                        offset=data_offset + skipped,
-                    ),
-                    fatal=True,
-                )
-                return
-            hdr = read(BLOCK) if skipped == size_on_disk + pad else b""
-        yield Member(name, kind, type_name, header_offset, data_offset, size, data)
+        skipped = skip(size_on_disk + pad) if size_on_disk + pad else 0
+        if skipped < size_on_disk:
+            yield _truncated(
+                url,
+                data_offset + skipped,
+                f"inside member {name!r} (declared size {size} at byte offset {data_offset})",
+            )
+            return
+        hdr = read(BLOCK) if skipped == size_on_disk + pad else b""
+        yield (name, kind, type_name, header_offset, data_offset, size, None)
         pos = data_offset + size_on_disk + pad

@@ -18,6 +18,7 @@ from fastload.errors import FormatError
 from fastload.formats.webdataset._tar import (
     BLOCK,
     DIRECTORY,
+    REGULAR,
     Bad,
     scan,
     split_member_name,
@@ -145,32 +146,31 @@ def index_components(stream: io.BufferedIOBase, url: str) -> list[list[Component
     for item in scan(stream.read, skip, url, want_data=False):
         if isinstance(item, Bad):
             raise item.error
-        if item.kind == DIRECTORY:
+        name, kind, type_name, header_offset, data_offset, size, _ = item
+        if kind == DIRECTORY:
             continue
-        if item.kind != 0:
+        if kind != REGULAR:
             raise FormatError(
-                f"member {item.name!r} is a {item.type_name}, not a regular file; WebDataset "
-                "shards may hold only regular files",
+                f"member {name!r} is a {type_name}, not a regular file; WebDataset shards may "
+                "hold only regular files",
                 url=url,
-                offset=item.header_offset,
+                offset=header_offset,
             )
-        split = split_member_name(item.name)
+        split = split_member_name(name)
         if split is None:
             continue
-        reason = unsafe_name_reason(item.name)
+        reason = unsafe_name_reason(name)
         if reason is not None:
+            raise FormatError(f"member name {name!r} {reason}", url=url, offset=header_offset)
+        if has_index_whitespace(name):
             raise FormatError(
-                f"member name {item.name!r} {reason}", url=url, offset=item.header_offset
-            )
-        if has_index_whitespace(item.name):
-            raise FormatError(
-                f"member name {item.name!r} contains whitespace, which DALI's index format "
-                "cannot represent (it splits fields on whitespace); rename the member",
+                f"member name {name!r} contains whitespace, which DALI's index format cannot "
+                "represent (it splits fields on whitespace); rename the member",
                 url=url,
-                offset=item.header_offset,
+                offset=header_offset,
             )
         key, ext = split
-        comp = Component(ext, item.data_offset, item.size, item.name)
+        comp = Component(ext, data_offset, size, name)
         if key != last:
             samples.append([comp])
             last = key

@@ -23,7 +23,16 @@ from fastload.formats.webdataset._tar import (
 from fastload.formats.webdataset.index import Component, parse_index
 from fastload.storage import ByteRange, Store
 
-__all__ = ["WebDatasetReader"]
+__all__ = ["MissingIndexError", "WebDatasetReader"]
+
+
+class MissingIndexError(FormatError, TypeError):
+    """The shard has no index, so it cannot be counted or read by position.
+
+    Also a :class:`TypeError`, because ``list(reader)`` and other consumers call ``len()`` as a
+    length hint and ignore only ``TypeError`` from it.
+    """
+
 
 _META = ("__key__", "__url__", "__index__")
 
@@ -42,8 +51,8 @@ class WebDatasetReader(ShardReader):
     are absolute or contain ``..``, a field that appears twice in one sample, bad header
     checksums, and truncated archives. Under ``on_error="skip"``/``"warn"`` the sample
     concerned is dropped and counted in :attr:`skipped`; after a corrupt header the reader
-    resumes at the next valid header (the sample after it is dropped too, as it may have lost a
-    member); a truncated archive ends the iteration.
+    resumes at the next valid header (the samples on both sides of it are dropped, as either may
+    have lost the member it described); a truncated archive ends the iteration.
 
     With an index (``index_key``, or ``key + ".idx"`` when it exists), :meth:`__len__`,
     :meth:`read` (one coalesced ranged request per sample) and a seeking :meth:`iter_from`
@@ -98,7 +107,7 @@ class WebDatasetReader(ShardReader):
     def _require_index(self) -> list[list[Component]]:
         index = self._load_index()
         if index is None:
-            raise FormatError(
+            raise MissingIndexError(
                 f"shard has no index {self.key}.idx, so samples cannot be counted or read by "
                 "position; build one with `fastload index`",
                 url=self.url,
@@ -106,7 +115,12 @@ class WebDatasetReader(ShardReader):
         return index
 
     def __len__(self) -> int:
-        """Number of samples, from the index (raises :class:`FormatError` without one)."""
+        """Number of samples, from the index.
+
+        Raises:
+            MissingIndexError: The shard has no index (a :class:`FormatError` and a
+                :class:`TypeError`).
+        """
         return len(self._require_index())
 
     def read(self, i: int) -> dict[str, Any]:
@@ -116,7 +130,7 @@ class WebDatasetReader(ShardReader):
 
         Raises:
             IndexError: ``i`` is out of range.
-            FormatError: No index.
+            MissingIndexError: No index.
             CorruptDataError: The headers in front of the indexed data do not match the index.
         """
         index = self._require_index()
@@ -146,7 +160,7 @@ class WebDatasetReader(ShardReader):
     def _check_indexed_header(self, comp: Component, hdr: bytes, i: int) -> str:
         """Verify the ustar header in front of an indexed member; return the member's name."""
         stale = "; the index does not belong to this shard, rebuild it with `fastload index`"
-        if not checksum_ok(hdr) or hdr[156:157] not in (b"0", b"\0", b"7"):
+        if len(hdr) != BLOCK or not checksum_ok(hdr) or hdr[156:157] not in (b"0", b"\0", b"7"):
             raise CorruptDataError(
                 f"index line {i + 2}: no regular-file tar header in front of the data of "
                 f"{comp.name or comp.ext!r}{stale}",
@@ -155,7 +169,7 @@ class WebDatasetReader(ShardReader):
             )
         size = parse_octal(hdr[124:136])
         raw = hdr[0:100].split(b"\0", 1)[0]
-        if hdr[257:262] == b"ustar" and hdr[345] != 0:
+        if hdr[345] != 0 and hdr[257:263] == b"ustar\x00":
             raw = hdr[345:500].split(b"\0", 1)[0] + b"/" + raw
         header_name = raw.decode("utf-8", "surrogateescape")
         if size != comp.size and not (size == 0 and comp.size > 0o77777777777):
@@ -233,9 +247,9 @@ class WebDatasetReader(ShardReader):
                     bad = item.error
                 lost = item.error
                 continue
-            name = item.name
+            name, kind, type_name, header_offset, _, _, data = item
             exc: CorruptDataError | None = None
-            if item.kind == REGULAR:
+            if kind == REGULAR:
                 dot = name.find(".", name.rfind("/") + 1)
                 if dot <= 0 or name[dot - 1] == "/":
                     continue  # no extension, or a hidden file: not a sample component
@@ -246,16 +260,16 @@ class WebDatasetReader(ShardReader):
                         exc = CorruptDataError(
                             f"member name {name!r} {reason}; refusing it as unsafe",
                             url=url,
-                            offset=item.header_offset,
+                            offset=header_offset,
                         )
-            elif item.kind == DIRECTORY:
+            elif kind == DIRECTORY:
                 continue
             else:
                 exc = CorruptDataError(
-                    f"member {name!r} is a {item.type_name}, not a regular file; WebDataset "
-                    "shards may hold only regular files",
+                    f"member {name!r} is a {type_name}, not a regular file; WebDataset shards "
+                    "may hold only regular files",
                     url=url,
-                    offset=item.header_offset,
+                    offset=header_offset,
                 )
                 split = split_member_name(name)
                 if split is None:
@@ -277,7 +291,7 @@ class WebDatasetReader(ShardReader):
                     bad = CorruptDataError(
                         f"sample {k!r} dropped: a tar header before it was corrupt ({lost})",
                         url=url,
-                        offset=item.header_offset,
+                        offset=header_offset,
                         key=k,
                     )
                     lost = None
@@ -290,14 +304,14 @@ class WebDatasetReader(ShardReader):
                     f"field {field!r} appears twice in sample {k!r} (member {name!r}); each "
                     "sample's members must have distinct extensions",
                     url=url,
-                    offset=item.header_offset,
+                    offset=header_offset,
                     key=k,
                 )
                 if field in _META:
                     exc = CorruptDataError(
                         f"member {name!r} uses the reserved field name {field!r}",
                         url=url,
-                        offset=item.header_offset,
+                        offset=header_offset,
                         key=k,
                     )
             if exc is not None:
@@ -306,7 +320,7 @@ class WebDatasetReader(ShardReader):
                 if bad is None:
                     bad = exc
                 continue
-            sample[field] = item.data
+            sample[field] = data
         if sample is not None:
             if bad is None:
                 yield sample
