@@ -16,10 +16,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fastload.errors import CorruptDataError, FormatError, InvalidArgumentError
+from fastload.errors import (
+    CorruptDataError,
+    FormatError,
+    InvalidArgumentError,
+    ReadOnlyStoreError,
+)
 from fastload.formats import get_format
 from fastload.formats.lmdb import LMDBReader, LMDBWriter, detect
-from fastload.storage import LocalStore, MemoryStore, Store
+from fastload.storage import LocalStore, MemoryStore, ObjectWriter, Store
 
 KEY = "ds/train-000000.lmdb"
 
@@ -188,6 +193,12 @@ def test_bad_samples_are_rejected(store: Store) -> None:
     assert [s["__key__"] for s in LMDBReader(store, KEY)] == ["a", "b"]
 
 
+def test_read_only_store_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ReadOnlyStoreError):
+        LMDBWriter(LocalStore(tmp_path, read_only=True), KEY)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_abort_leaves_no_scratch_files(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)
     writer = LMDBWriter(store, KEY)
@@ -196,6 +207,39 @@ def test_abort_leaves_no_scratch_files(tmp_path: Path) -> None:
     writer.abort()
     assert store.list_keys() == []
     assert os.listdir(tmp_path / "ds") == []
+
+
+class _FailingUploadStore(MemoryStore):
+    """A remote-like store whose streamed upload fails after the first block."""
+
+    def open_writer(self, key: str) -> ObjectWriter:
+        inner = super().open_writer(key)
+
+        class Failing(ObjectWriter):
+            def _write(self, data: memoryview) -> None:
+                if inner.tell():
+                    raise OSError("connection reset")
+                inner.write(data)
+
+            def _commit(self) -> None:
+                inner.commit()
+
+            def _abort(self) -> None:
+                inner.abort()
+
+        return Failing()
+
+
+def test_failed_upload_publishes_nothing_and_does_not_hang() -> None:
+    store = _FailingUploadStore("lmdb-failing-upload")
+    writer = LMDBWriter(store, KEY)
+    for i in range(100):  # 20 MB, 3 blocks: the upload fails while LMDB is still copying
+        writer.write({"__key__": f"k{i}", "bin": os.urandom(200_000)})
+    workdir = writer._workdir
+    with pytest.raises(OSError, match="connection reset"):
+        writer.close()
+    assert store.list_keys() == []
+    assert not os.path.exists(workdir)
 
 
 # ---- interop: py-lmdb + msgpack alone, following README.md -------------------------------------
