@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import pickle
 import shutil
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -258,6 +259,11 @@ def test_readme_reader_with_py_lmdb_and_msgpack_only(tmp_path: Path) -> None:
     assert head[10] & 0x08  # P_META
     assert head[16:20] == bytes.fromhex("dec0efbe")
     assert head[20:24] == b"\1\0\0\0"
+    raw = Path(path).read_bytes()
+    psize = os.sysconf("SC_PAGE_SIZE")
+    metas = [struct.unpack_from("<QQ", raw, page * psize + 136) for page in (0, 1)]
+    last_pg, _txnid = max(metas, key=lambda m: m[1])
+    assert len(raw) == (last_pg + 1) * psize
 
     env = lmdb.open(path, subdir=False, readonly=True, lock=False)
     try:
