@@ -650,3 +650,18 @@ def test_v11_index_is_accepted() -> None:
     store.put(KEY + ".idx", ("v1.1 3\n" + "".join(line + "\n" for line in lines)).encode())
     reader = WebDatasetReader(store, KEY)
     assert reader.read(2) == list(WebDatasetReader(store, KEY))[2]
+
+
+def test_reader_pickles_without_its_index(tmp_path: Path) -> None:
+    import pickle
+
+    store = LocalStore(tmp_path)
+    _write(store, _samples(4))
+    reader = WebDatasetReader(store, KEY, on_error="skip")
+    assert len(reader) == 4
+    blob = pickle.dumps(reader)
+    assert b"s0003.jpg" not in blob  # the parsed index stays behind
+    clone = pickle.loads(blob)
+    assert clone.policy.on_error == "skip"
+    assert len(clone) == 4
+    assert clone.read(3) == reader.read(3)

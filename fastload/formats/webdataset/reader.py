@@ -77,6 +77,12 @@ class WebDatasetReader(ShardReader):
         self._index: list[list[Component]] | None = None
         self._index_loaded = False
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Workers reload the index lazily instead of receiving a copy of it.
+        state = self.__dict__.copy()
+        state["_index"], state["_index_loaded"] = None, False
+        return state
+
     # ---- index --------------------------------------------------------------------------------
 
     def _load_index(self) -> list[list[Component]] | None:
