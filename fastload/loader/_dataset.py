@@ -34,6 +34,9 @@ __all__ = ["Dataset", "open_dataset", "sample_nbytes"]
 log = logging.getLogger("fastload.loader")
 
 _ON_ERROR = ("raise", "skip", "warn")
+#: Metadata entry the loader adds to each raw sample: ``(seed, epoch, dataset index)``, from which
+#: :func:`fastload.loader.transforms.sample_rng` builds the sample's random generator.
+RNG_SEED_KEY = "__rng_seed__"
 IntArray = npt.NDArray[np.int64]
 
 
@@ -122,7 +125,7 @@ class Dataset(torch.utils.data.Dataset[Any]):
         prefix: str = "",
         shuffle: bool = True,
         seed: int = 0,
-        decode: Callable[[dict[str, Any]], Any] | None = None,
+        decode: Callable[[dict[str, Any]], Any] | str | None = None,
         transform: Transform | None = None,
         fields: Sequence[str] | str | None = None,
         on_error: str = "raise",
@@ -132,9 +135,14 @@ class Dataset(torch.utils.data.Dataset[Any]):
     ) -> None:
         if on_error not in _ON_ERROR:
             raise InvalidArgumentError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
+        if isinstance(decode, str):
+            from fastload.loader.decode import Decoder
+
+            decode = Decoder(image=decode)  # type: ignore[arg-type]
         if decode is not None and not callable(decode):
             raise InvalidArgumentError(
-                f"decode must be a callable taking a sample dict, got {type(decode).__name__}"
+                "decode must be a callable taking a sample dict, or an image mode for "
+                f"fastload.loader.decode.Decoder ('rgb8', 'torch', ...), got {decode!r}"
             )
         if transform is not None and not (callable(transform) or isinstance(transform, Mapping)):
             raise InvalidArgumentError(
@@ -339,6 +347,8 @@ class Dataset(torch.utils.data.Dataset[Any]):
                     sample[name] = fn(sample[name])
         elif transform is not None:
             sample = transform(sample)
+        if isinstance(sample, dict) and RNG_SEED_KEY in sample:
+            del sample[RNG_SEED_KEY]
         if self.select is not None:
             sample = self.select(sample)
         return sample
@@ -370,8 +380,9 @@ class Dataset(torch.utils.data.Dataset[Any]):
 
     def describe(self, shard: int, pos: int, key: str | None = None) -> str:
         """Where a sample lives, for error messages."""
-        what = f"sample {key!r}" if key is not None else f"sample at position {pos}"
-        return f"{what} of shard {self.shard_url(shard)} (position {pos})"
+        if key is None:
+            return f"sample at position {pos} of shard {self.shard_url(shard)}"
+        return f"sample {key!r} of shard {self.shard_url(shard)} (position {pos})"
 
     def close(self) -> None:
         """Close this process's open shard readers; the dataset stays usable."""
@@ -418,7 +429,7 @@ def open_dataset(
     *,
     shuffle: bool = True,
     seed: int = 0,
-    decode: Callable[[dict[str, Any]], Any] | None = None,
+    decode: Callable[[dict[str, Any]], Any] | str | None = None,
     transform: Transform | None = None,
     fields: Sequence[str] | str | None = None,
     on_error: str = "raise",
@@ -436,8 +447,11 @@ def open_dataset(
         shuffle: Shuffle the epoch order (block shuffle with a window, see ``block_size``).
         seed: Non-negative seed of the order; the order is a pure function of (seed, epoch).
         decode: ``raw sample -> sample``: runs first on each sample (in the worker). The raw
-            sample is ``{"__key__": str, "__url__": shard URL, "__index__": int, field: bytes}``.
-            ``None`` keeps the bytes.
+            sample is ``{"__key__": str, "__url__": shard URL, "__index__": int, field: bytes}``
+            plus, in the iterable form, ``"__rng_seed__": (seed, epoch, dataset index)``.
+            ``None`` keeps the bytes; a string is an image mode for
+            :class:`fastload.loader.decode.Decoder` (``"rgb8"``, ``"torch"``, ``"pil"``,
+            ``"bytes"``), which decodes every field by its extension.
         transform: ``sample -> sample`` after decoding, or a mapping ``field -> callable``
             applied to those fields of a dict sample.
         fields: Return tuples of these fields (``("jpg;png", "cls")``, see :func:`to_tuple`)

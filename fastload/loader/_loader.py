@@ -19,6 +19,7 @@ epoch starts that epoch from step 0. A resumed epoch's following epochs start at
 from __future__ import annotations
 
 import copy
+import re
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -161,6 +162,8 @@ class DataLoader:
             with_meta=True,
         )
         self.rank, self.world_size = self._stream.rank, self._stream.world_size
+        if num_workers > 0:
+            self._stream.track_progress(num_workers)
         torch_kwargs: dict[str, Any] = {
             "batch_size": None,
             "num_workers": num_workers,
@@ -337,22 +340,26 @@ class DataLoader:
 
     def _worker_error(self, epoch: int, step: int, start: int, exc: BaseException) -> WorkerError:
         """A WorkerError for a failure (death, timeout) while waiting for ``step``'s batch."""
-        where = f"rank {self.rank}, global step {step} of epoch {epoch}"
-        shards = ""
-        if step < self.partition.num_steps:
-            worker = (step - start) % max(1, self.num_workers)
-            where += f", worker {worker}"
-            try:
-                planned = self._stream._plan(self.dataset.order(epoch), step, self.rank)
-                urls = sorted({self.dataset.shard_url(int(s)) for s in planned.shards})
-                shards = f"; the batch reads from {', '.join(urls[:5])}" + (
-                    f" and {len(urls) - 5} more shards" if len(urls) > 5 else ""
-                )
-            except Exception:  # describing the failure must not hide it
-                shards = ""
+        text = str(exc)
+        dead = (
+            {int(p) for p in re.findall(r"\d+", text.split("pid(s)", 1)[1])}
+            if "pid(s)" in text
+            else set()
+        )
+        where = [f"rank {self.rank}, waiting for global step {step} of epoch {epoch}"]
+        for worker, (pid, wstep, index) in enumerate(self._stream.progress()):
+            if pid < 0 or (dead and pid not in dead):
+                continue
+            state = "died" if pid in dead else "was"
+            what = f"worker {worker} (pid {pid}) {state} at global step {wstep}"
+            if 0 <= index < self.dataset.num_samples:
+                shard, pos = (int(x) for x in self.dataset.locate(index))
+                what += f" processing {self.dataset.describe(shard, pos)} (dataset index {index})"
+            where.append(what)
         return WorkerError(
-            f"loading failed at {where}{shards}: {type(exc).__name__}: {exc}. A worker that died "
-            "was often killed for memory (lower num_workers, prefetch_factor or batch_size)"
+            f"loading failed: {type(exc).__name__}: {text}. " + "; ".join(where) + ". A worker "
+            "that died was killed by a signal or crashed in native code (a decoder), or by the "
+            "out-of-memory killer (then lower num_workers, prefetch_factor or batch_size)"
         )
 
     # ---- statistics -------------------------------------------------------------------------

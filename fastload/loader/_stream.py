@@ -19,10 +19,13 @@ A batch whose samples were all skipped is still yielded, with zero rows, so that
 the same number of batches. Store errors (missing shard, network) and ``transform`` errors always
 raise :class:`~fastload.errors.WorkerError` naming the shard URL and sample key.
 
-**Randomness**: inside DataLoader worker processes, Python's ``random``, NumPy's global generator
-and torch's default generator are reseeded before each batch from (seed, epoch, step), so random
-augmentations are reproducible and independent of the number of workers. The main process's
-generators are never touched.
+**Randomness**: every raw sample gets ``"__rng_seed__": (seed, epoch, index)`` (``index`` = its
+dataset index) before ``decode``/``transform`` run; the transforms of :mod:`fastload.loader.
+transforms` draw from ``sample_rng(*sample["__rng_seed__"])``, so augmentation depends only on
+(seed, epoch, sample), not on ranks, workers, batch size or where training resumed. The entry is
+removed from dict samples after ``transform``. For transforms that use global generators instead,
+Python's ``random``, NumPy's global generator and torch's default generator are reseeded before
+each batch from (seed, epoch, step) inside DataLoader worker processes (never in the main process).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ import torch.utils.data
 
 from fastload.errors import FastloadError, FormatError, InvalidArgumentError, WorkerError
 from fastload.loader._collate import default_collate, empty_like_batch
-from fastload.loader._dataset import Dataset, sample_nbytes
+from fastload.loader._dataset import RNG_SEED_KEY, Dataset, sample_nbytes
 from fastload.loader._dist import detect_rank_world
 from fastload.loader._order import EpochOrder, check_seed
 from fastload.loader._partition import Partition
@@ -161,6 +164,20 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = -1
         self._template: Any = None
+        self._progress: torch.Tensor | None = None
+
+    def track_progress(self, num_workers: int) -> None:
+        """Let each worker publish (pid, global step, dataset index) of the sample it is working
+        on in shared memory, so that a worker that dies (a crash in a decoder, the OOM killer) can
+        be reported with the sample it was processing. Call before the workers start."""
+        rows = max(1, num_workers)
+        self._progress = torch.full((rows, 3), -1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+
+    def progress(self) -> list[tuple[int, int, int]]:
+        """``(pid, global step, dataset index)`` per worker, ``-1`` where unknown."""
+        if self._progress is None:
+            return []
+        return [(int(r[0]), int(r[1]), int(r[2])) for r in self._progress.tolist()]
 
     # ---- pickling ---------------------------------------------------------------------------
 
@@ -254,7 +271,8 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
                 fill()  # the next batches' reads run while this one is decoded
                 if seed_rngs:
                     self._seed_rngs(epoch, planned.step)
-                meta, batch = self._assemble(planned, reads, rank, worker)
+                self._report(worker, planned.step, -1)
+                meta, batch = self._assemble(planned, reads, rank, worker, epoch)
                 yield (meta, batch) if self.with_meta else batch
         finally:
             for _, reads in pending:
@@ -314,6 +332,7 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
         reads: list[Future[list[_ReadResult]]] | list[_ReadResult],
         rank: int,
         worker: int,
+        epoch: int,
     ) -> tuple[BatchMeta, Any]:
         ds = self.dataset
         n = len(planned.indices)
@@ -332,6 +351,7 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
         skipped = nbytes = 0
         for i in range(n):
             shard, pos = int(planned.shards[i]), int(planned.positions[i])
+            self._report(worker, planned.step, int(planned.indices[i]))
             err = errors[i]
             if err is not None:
                 raise WorkerError(
@@ -344,6 +364,7 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
                 continue
             nbytes += sample_nbytes(raw)
             key = raw.get("__key__")
+            raw.setdefault(RNG_SEED_KEY, (ds.seed, epoch, int(planned.indices[i])))
             try:
                 decoded = ds.decode_raw(raw)
             except Exception as exc:
@@ -379,6 +400,13 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
             batch = self._empty_batch(where)
         meta = BatchMeta(planned.step, rank, worker, len(samples), planned.padded, skipped, nbytes)
         return meta, batch
+
+    def _report(self, worker: int, step: int, index: int) -> None:
+        progress = self._progress
+        if progress is not None and worker < len(progress):
+            progress[worker, 0] = os.getpid()
+            progress[worker, 1] = step
+            progress[worker, 2] = index
 
     def _empty_batch(self, where: str) -> Any:
         """A zero-row batch with the structure of a good one (every sample was skipped)."""

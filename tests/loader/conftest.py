@@ -128,6 +128,31 @@ def build_store(
     return store
 
 
+def build_format_dataset(
+    root: str, sizes: Sequence[int], fmt: str = "webdataset", payload: int = 16
+) -> str:
+    """A local dataset in a real shard format (with indexes and a manifest); returns its path."""
+    from fastload.formats import get_format
+    from fastload.storage import LocalStore
+
+    store = LocalStore(root)
+    f = get_format(fmt)
+    entries = []
+    for s, n in enumerate(sizes):
+        with f.writer(store, f"train-{s:06d}.{f.extension}") as w:
+            for p in range(n):
+                w.write(
+                    {
+                        "__key__": key_of(s, p),
+                        "cls": s * 1000 + p,
+                        "bin": bytes([p % 256]) * payload,
+                    }
+                )
+        entries.append(ShardEntry.from_info(w.close()))
+    write_manifest(store, Manifest(format=f.name, shards=entries))
+    return root
+
+
 def all_keys(sizes: Sequence[int]) -> list[str]:
     return [key_of(s, p) for s, n in enumerate(sizes) for p in range(n)]
 
@@ -148,6 +173,7 @@ def fake() -> SimpleNamespace:
     return SimpleNamespace(
         make_dataset=make_dataset,
         build_store=build_store,
+        build_format_dataset=build_format_dataset,
         all_keys=all_keys,
         key_of=key_of,
         keys_collate=keys_collate,

@@ -1,0 +1,329 @@
+"""fastload.DataLoader: epochs, state_dict/load_state_dict, stats, errors, worker processes."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+import fastload.loader as fl
+from fastload.errors import InvalidArgumentError, WorkerError
+
+
+def keys_of(batches: list[Any]) -> list[str]:
+    return [k for b in batches for k in b]
+
+
+def epoch_keys(loader: fl.DataLoader) -> list[str]:
+    return keys_of(list(loader))
+
+
+# ---- main-process loading ---------------------------------------------------------------------
+
+
+def test_epoch_exactly_once_and_stats(fake: SimpleNamespace) -> None:
+    sizes = [10, 0, 7, 1]
+    ds = fake.make_dataset(sizes, on_error="skip")
+    loader = fl.DataLoader(
+        ds, batch_size=4, collate_fn=fake.keys_collate, rank=0, world_size=1, io_threads=2
+    )
+    assert len(loader) == 5
+    got = epoch_keys(loader)
+    assert sorted(got) == sorted(fake.all_keys(sizes))
+    st = loader.stats()
+    assert st["batches"] == 5
+    assert st["samples"] == 18
+    assert st["bytes"] == sum(len(str(s * 1000 + p)) for s, n in enumerate(sizes) for p in range(n))
+    assert st["padded"] == st["skipped"] == 0
+    assert st["data_stall_s"] >= 0
+    assert st["samples_per_s"] > 0
+    state = loader.state_dict()
+    assert state["step"] == 5
+    assert state["epoch"] == 0
+    assert len(pickle.dumps(state)) < 1000  # O(1)
+
+
+def test_set_epoch_and_replay(fake: SimpleNamespace) -> None:
+    ds = fake.make_dataset([20, 13], seed=3, block_size=4, window=2)
+    loader = fl.DataLoader(ds, batch_size=8, collate_fn=fake.keys_collate)
+    e0 = epoch_keys(loader)
+    assert epoch_keys(loader) == e0  # without set_epoch the same order replays
+    loader.set_epoch(1)
+    e1 = epoch_keys(loader)
+    assert sorted(e1) == sorted(e0)
+    assert e1 != e0
+    loader.set_epoch(0)
+    assert epoch_keys(loader) == e0
+
+
+def test_shuffle_override_and_no_shuffle(fake: SimpleNamespace) -> None:
+    ds = fake.make_dataset([5, 4])
+    loader = fl.DataLoader(ds, batch_size=3, shuffle=False, collate_fn=fake.keys_collate)
+    assert epoch_keys(loader) == fake.all_keys([5, 4])
+    assert ds.shuffle  # the user's dataset is not modified
+
+
+@pytest.mark.parametrize("stop_after", [0, 1, 3, 6])
+def test_resume_mid_epoch_exact(fake: SimpleNamespace, stop_after: int) -> None:
+    sizes = [9, 14, 3]
+    ds = fake.make_dataset(sizes, seed=11)
+    ref = fl.DataLoader(ds, batch_size=4, collate_fn=fake.keys_collate)
+    ref.set_epoch(2)
+    full = list(ref)
+    first = fl.DataLoader(ds, batch_size=4, collate_fn=fake.keys_collate)
+    first.set_epoch(2)
+    it = iter(first)
+    seen = [next(it) for _ in range(stop_after)]
+    state = first.state_dict()
+    assert state["step"] == stop_after
+    resumed = fl.DataLoader(ds, batch_size=4, collate_fn=fake.keys_collate)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(2)  # the saved epoch: keeps the resume point
+    assert len(resumed) == len(full) - stop_after
+    rest = list(resumed)
+    assert seen + rest == full
+    assert resumed.state_dict()["step"] == len(full)
+    resumed.set_epoch(3)  # the next epoch starts at step 0
+    assert len(resumed) == len(full)
+    assert sorted(epoch_keys(resumed)) == sorted(fake.all_keys(sizes))
+
+
+def test_elastic_resume_other_world_size(fake: SimpleNamespace) -> None:
+    """Save on 2 ranks x batch 3, resume on 3 ranks x batch 2 (global batch 6)."""
+    sizes = [11, 8, 0, 5]
+    ds = fake.make_dataset(sizes, seed=2, block_size=3)
+    old = [
+        fl.DataLoader(ds, batch_size=3, rank=r, world_size=2, collate_fn=fake.keys_collate)
+        for r in range(2)
+    ]
+    iters = [iter(ld) for ld in old]
+    done = [k for _ in range(2) for it in iters for k in next(it)]
+    states = [ld.state_dict() for ld in old]
+    assert states[0]["step"] == states[1]["step"] == 2
+    new = [
+        fl.DataLoader(ds, batch_size=2, rank=r, world_size=3, collate_fn=fake.keys_collate)
+        for r in range(3)
+    ]
+    for ld in new:
+        ld.load_state_dict(states[0])
+    lens = {len(ld) for ld in new}
+    assert len(lens) == 1
+    rest = [k for ld in new for k in epoch_keys(ld)]
+    padded = sum(ld.stats()["padded"] for ld in new)
+    counts = Counter(done + rest)
+    assert set(counts) == set(fake.all_keys(sizes))
+    assert sum(counts.values()) == sum(sizes) + padded
+    assert padded == new[0].partition.padded
+    with pytest.raises(InvalidArgumentError, match="global batch size of 6"):
+        fl.DataLoader(ds, batch_size=4, rank=0, world_size=2).load_state_dict(states[0])
+
+
+def test_load_state_dict_rejects_other_order(fake: SimpleNamespace) -> None:
+    ds = fake.make_dataset([10], seed=1)
+    state = fl.DataLoader(ds, batch_size=2).state_dict()
+    with pytest.raises(InvalidArgumentError, match="seed"):
+        fl.DataLoader(fake.make_dataset([10], seed=2), batch_size=2).load_state_dict(state)
+    with pytest.raises(InvalidArgumentError, match=r"11 samples|10 samples"):
+        fl.DataLoader(fake.make_dataset([11], seed=1), batch_size=2).load_state_dict(state)
+    with pytest.raises(InvalidArgumentError, match="version"):
+        fl.DataLoader(ds, batch_size=2).load_state_dict({**state, "version": 99})
+    with pytest.raises(InvalidArgumentError, match="state dict"):
+        fl.DataLoader(ds, batch_size=2).load_state_dict({})
+
+
+def test_drop_last_and_padding_stats(fake: SimpleNamespace) -> None:
+    ds = fake.make_dataset([7], shuffle=False)
+    loaders = [
+        fl.DataLoader(ds, batch_size=2, rank=r, world_size=2, collate_fn=fake.keys_collate)
+        for r in range(2)
+    ]
+    out = [list(ld) for ld in loaders]
+    assert [len(o) for o in out] == [2, 2]
+    assert [len(b) for b in out[0]] == [2, 2]
+    assert [len(b) for b in out[1]] == [2, 2]
+    assert sum(ld.stats()["padded"] for ld in loaders) == 1
+    dropped = [
+        fl.DataLoader(
+            ds, batch_size=2, rank=r, world_size=2, drop_last=True, collate_fn=fake.keys_collate
+        )
+        for r in range(2)
+    ]
+    assert [len(d) for d in dropped] == [1, 1]
+    assert dropped[0].stats()["dropped_per_epoch"] == 3
+    assert keys_of(list(dropped[0])) + keys_of(list(dropped[1])) == fake.all_keys([7])[:4]
+
+
+def test_rejects_torch_only_arguments(fake: SimpleNamespace) -> None:
+    ds = fake.make_dataset([3])
+    with pytest.raises(InvalidArgumentError, match="sampler"):
+        fl.DataLoader(ds, sampler=[0, 1])
+    with pytest.raises(InvalidArgumentError, match="in_order"):
+        fl.DataLoader(ds, in_order=False)
+    with pytest.raises(InvalidArgumentError, match="open_dataset"):
+        fl.DataLoader([1, 2, 3])  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="batch_size"):
+        fl.DataLoader(ds, batch_size=0)
+    if not torch.cuda.is_available():
+        with pytest.raises(InvalidArgumentError, match="cuda"):
+            fl.DataLoader(ds, device="cuda")
+
+
+def test_cpu_device_is_a_no_op(fake: SimpleNamespace) -> None:
+    ds = fake.make_dataset([5], transform={"cls": int}, fields=("cls",))
+    loader = fl.DataLoader(ds, batch_size=5, device="cpu")
+    ((cls,),) = list(loader)
+    assert cls.device.type == "cpu"
+    assert sorted(cls.tolist()) == [0, 1, 2, 3, 4]
+
+
+def test_rank_detection_from_environment(
+    fake: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ds = fake.make_dataset([10])
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    loader = fl.DataLoader(ds, batch_size=2)
+    assert (loader.rank, loader.world_size) == (1, 2)
+    assert len(loader) == 3
+    monkeypatch.setenv("RANK", "2")
+    with pytest.raises(InvalidArgumentError, match="rank"):
+        fl.DataLoader(ds, batch_size=2)
+
+
+def test_loader_and_dataset_pickle(fake: SimpleNamespace) -> None:
+    ds = fake.make_dataset([6, 2], transform={"cls": int})
+    loader = fl.DataLoader(ds, batch_size=3, collate_fn=fake.keys_collate)
+    next(iter(loader))  # open readers, start a pool: none of it may leak into the pickle
+    clone = pickle.loads(pickle.dumps(loader))
+    assert sorted(epoch_keys(clone)) == sorted(fake.all_keys([6, 2]))
+    ds2 = pickle.loads(pickle.dumps(ds))
+    assert ds2[0]["cls"] == ds[0]["cls"] == 0
+
+
+def test_plain_torch_dataloader_over_both_forms(fake: SimpleNamespace) -> None:
+    ds = fake.make_dataset([4, 3], fields=("__key__",))
+    mapped = torch.utils.data.DataLoader(ds, batch_size=3, shuffle=True)
+    assert sorted(k for (keys,) in mapped for k in keys) == sorted(fake.all_keys([4, 3]))
+    stream = ds.batches(3, rank=0, world_size=1)
+    plain = torch.utils.data.DataLoader(stream, batch_size=None)
+    assert len(plain) == 3
+    assert sorted(k for (keys,) in plain for k in keys) == sorted(fake.all_keys([4, 3]))
+
+
+# ---- worker processes -------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_workers_same_batches_as_main_process(fake: SimpleNamespace) -> None:
+    ds = fake.make_dataset([13, 0, 9, 2], seed=4, block_size=3)
+    ref = list(fl.DataLoader(ds, batch_size=3, collate_fn=fake.keys_collate))
+    loader = fl.DataLoader(
+        ds,
+        batch_size=3,
+        num_workers=2,
+        collate_fn=fake.keys_collate,
+        persistent_workers=True,
+        prefetch_factor=2,
+    )
+    assert list(loader) == ref
+    loader.set_epoch(1)  # persistent workers must see the new epoch
+    e1 = list(loader)
+    assert e1 != ref
+    assert e1 == list(fl.DataLoader(ds, batch_size=3, collate_fn=fake.keys_collate).__iter__()) or (
+        sorted(keys_of(e1)) == sorted(keys_of(ref))
+    )
+    main = fl.DataLoader(ds, batch_size=3, collate_fn=fake.keys_collate)
+    main.set_epoch(1)
+    assert e1 == list(main)
+    # resume with a different number of workers, persistent workers already running
+    state_src = fl.DataLoader(ds, batch_size=3, num_workers=3, collate_fn=fake.keys_collate)
+    state_src.set_epoch(1)
+    it = iter(state_src)
+    head = [next(it) for _ in range(4)]
+    loader.load_state_dict(state_src.state_dict())
+    assert head + list(loader) == e1
+    assert loader.stats()["samples"] == 2 * 24 + len(keys_of(e1[4:]))
+
+
+def _die_on_key_5(sample: dict[str, Any]) -> dict[str, Any]:
+    if sample["__key__"] == "s000/k00005":
+        os._exit(3)  # simulate a worker killed (OOM killer, segfault)
+    return sample
+
+
+def _fail_on_key_5(sample: dict[str, Any]) -> dict[str, Any]:
+    if sample["__key__"] == "s000/k00005":
+        raise ValueError("bad pixels")
+    return sample
+
+
+@pytest.mark.timeout(120)
+def test_worker_exception_names_shard_and_key(fake: SimpleNamespace) -> None:
+    ds = fake.make_dataset([8], decode=_fail_on_key_5, shuffle=False)
+    loader = fl.DataLoader(ds, batch_size=2, num_workers=2, collate_fn=fake.keys_collate)
+    with pytest.raises(WorkerError, match=r"(?s)s000/k00005.*shard-000000\.fake.*bad pixels"):
+        list(loader)
+
+
+@pytest.mark.timeout(120)
+def test_dead_worker_is_an_error_not_a_hang(fake: SimpleNamespace) -> None:
+    ds = fake.make_dataset([8], decode=_die_on_key_5, shuffle=False)
+    loader = fl.DataLoader(ds, batch_size=2, num_workers=2, collate_fn=fake.keys_collate)
+    with pytest.raises(
+        WorkerError,
+        match=r"died at global step 2 processing sample at position 5 of shard [^ ]*shard-000000\.fake",
+    ):
+        list(loader)
+
+
+# ---- a real format ----------------------------------------------------------------------------
+
+
+def _wds_dataset(fake: SimpleNamespace, tmp_path: Path, sizes: list[int], **kw: Any) -> fl.Dataset:
+    return fl.open_dataset(
+        fake.build_format_dataset(str(tmp_path / "ds"), sizes, "webdataset"), **kw
+    )
+
+
+@pytest.mark.timeout(120)
+def test_webdataset_workers_exactly_once_and_resume(fake: SimpleNamespace, tmp_path: Path) -> None:
+    sizes = [17, 5, 0, 12]
+    ds = _wds_dataset(fake, tmp_path, sizes, decode="rgb8", fields=("__key__", "cls", "bin"))
+    loader = fl.DataLoader(ds, batch_size=4, num_workers=2)
+    batches = list(loader)
+    keys = [k for b in batches for k in b[0]]
+    assert sorted(keys) == sorted(fake.all_keys(sizes))
+    for key_batch, cls, payload in batches:
+        assert cls.dtype == torch.int64
+        for k, c, p in zip(key_batch, cls.tolist(), payload):
+            s, i = int(k[1:4]), int(k[-5:])
+            assert c == s * 1000 + i
+            assert p == bytes([i % 256]) * 16
+    st = loader.stats()
+    assert st["samples"] == 34
+    assert st["bytes"] == sum(len(str(int(k[1:4]) * 1000 + int(k[-5:]))) + 16 for k in keys)
+    # stop after 3 batches, resume in a new loader with 1 worker
+    first = fl.DataLoader(ds, batch_size=4, num_workers=2)
+    it = iter(first)
+    head = [next(it)[0] for _ in range(3)]
+    state = first.state_dict()
+    del it
+    again = fl.DataLoader(ds, batch_size=4, num_workers=1)
+    again.load_state_dict(state)
+    assert head + [b[0] for b in again] == [b[0] for b in batches]
+
+
+@pytest.mark.timeout(120)
+def test_spawn_context(fake: SimpleNamespace, tmp_path: Path) -> None:
+    """Datasets and loaders pickle: spawned workers (no fork) produce the same batches."""
+    ds = _wds_dataset(fake, tmp_path, [6, 3], decode="rgb8", fields=("__key__", "cls"))
+    ref = [b[0] for b in fl.DataLoader(ds, batch_size=4)]
+    loader = fl.DataLoader(ds, batch_size=4, num_workers=1, multiprocessing_context="spawn")
+    assert [b[0] for b in loader] == ref
