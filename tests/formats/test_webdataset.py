@@ -51,9 +51,13 @@ def _samples(n: int, size: int = 300) -> list[dict[str, Any]]:
     ]
 
 
-def _tar_bytes(members: list[tuple[tarfile.TarInfo, bytes]], fmt: int) -> bytes:
+def _tar_bytes(
+    members: list[tuple[tarfile.TarInfo, bytes]],
+    fmt: int,
+    pax_headers: dict[str, str] | None = None,
+) -> bytes:
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tf:
+    with tarfile.open(fileobj=buf, mode="w", format=fmt, pax_headers=pax_headers) as tf:
         for info, data in members:
             info.size = len(data) if info.isreg() else 0
             tf.addfile(info, io.BytesIO(data) if info.isreg() else None)
@@ -360,7 +364,8 @@ def test_we_read_python_tarfile(fmt: int) -> None:
     ]
     members[0][0].type = tarfile.DIRTYPE
     store = MemoryStore("wds-tarfile")
-    store.put("t.tar", _tar_bytes(members, fmt))
+    globals_ = {"comment": "global pax header"} if fmt == tarfile.PAX_FORMAT else None
+    store.put("t.tar", _tar_bytes(members, fmt, globals_))
     got = list(WebDatasetReader(store, "t.tar"))
     assert [(g["__key__"], _fields(g)) for g in got] == [
         (long, {"jpg": b"J" * 1500, "cls": b"7"}),
@@ -665,3 +670,25 @@ def test_reader_pickles_without_its_index(tmp_path: Path) -> None:
     assert clone.policy.on_error == "skip"
     assert len(clone) == 4
     assert clone.read(3) == reader.read(3)
+
+
+def test_huge_member_size_uses_pax_and_base256_is_read() -> None:
+    from fastload.formats.webdataset._tar import encode_member_header, parse_octal, scan
+
+    size = 2**34 + 3  # above ustar's 8 GiB - 1
+    header = encode_member_header(b"big.bin", size)
+    assert len(header) == 3 * 512  # pax header block, its record block, the member header
+    assert b"size=17179869187\n" in header
+    stream = io.BytesIO(header)
+    skipped: list[int] = []
+
+    def skip(n: int) -> int:
+        skipped.append(n)
+        return n
+
+    items = list(scan(stream.read, skip, "mem://x", want_data=False))
+    assert items[0] == ("big.bin", 0, "regular file", 0, 1536, size, None)
+    assert skipped == [size + (-size % 512)]
+    assert parse_octal(b"\x80" + size.to_bytes(11, "big")) == size
+    assert parse_octal(b"00000001750\x00") == 1000
+    assert parse_octal(b"   1750 \x00\x00\x00\x00") == 1000
