@@ -146,11 +146,12 @@ def ordered_keys(url: str | os.PathLike[str]) -> list[str]:
 
 
 def tree_bytes(root: str | os.PathLike[str]) -> dict[str, bytes]:
-    """Relative path → bytes of every file under ``root``."""
+    """Relative path → bytes of every file under ``root`` (the local store's hidden temporary files,
+    which a killed writer can leave behind and which no store listing shows, excluded)."""
     out = {}
     base = Path(root)
     for path in sorted(base.rglob("*")):
-        if path.is_file():
+        if path.is_file() and not path.name.startswith(".fastload-tmp-"):
             out[str(path.relative_to(base))] = path.read_bytes()
     return out
 
@@ -201,5 +202,9 @@ def cv() -> type[Helpers]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # ``fmt``: every format, the in-test ``fake`` one included (in-process conversions only: worker
+    # processes cannot import a format defined in a conftest). ``real_fmt``: the shipped formats.
     if "fmt" in metafunc.fixturenames:
         metafunc.parametrize("fmt", ALL_FORMATS)
+    if "real_fmt" in metafunc.fixturenames:
+        metafunc.parametrize("real_fmt", real_formats() or ["webdataset"])

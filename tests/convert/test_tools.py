@@ -1,0 +1,142 @@
+"""``fastload inspect``, ``verify`` and ``index`` on our datasets and on third-party shards."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import webdataset as wds
+
+import fastload.convert as fc
+from fastload.formats import read_manifest
+from fastload.storage import open_store
+
+CLI = [sys.executable, "-m", "fastload.cli"]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def dataset(tmp_path: Path, image_folder: Any, real_fmt: str) -> Path:
+    root, _ = image_folder
+    dst = tmp_path / "ds"
+    fc.convert(root, dst, format=real_fmt, shard_samples=8, workers=1, quiet=True)
+    return dst
+
+
+def test_inspect_table_and_json(dataset: Path, real_fmt: str) -> None:
+    proc = _cli("inspect", str(dataset))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert f"format    {real_fmt}" in out
+    assert "samples   21" in out
+    assert "classes   3: class00, class01, class02" in out
+    assert "shard-000002." in out
+    assert "class00/im_000" in out
+    assert "jpg=" in out
+    info = json.loads(_cli("inspect", str(dataset), "--json", "--samples", "2").stdout)
+    assert info["num_samples"] == 21
+    assert info["num_shards"] == 3
+    assert [s["key"] for s in info["samples"]] == ["class00/im_000", "class00/im_001"]
+    assert set(info["samples"][0]["fields"]) == {"cls", "jpg"}
+    assert info["samples"][0]["fields"]["cls"] == 1
+
+
+def test_verify_ok_then_flipped_byte(dataset: Path, real_fmt: str) -> None:
+    proc = _cli("verify", str(dataset))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("OK: checked 3 shards, read 21 samples")
+    manifest = read_manifest(open_store(dataset))
+    victim = dataset / manifest.shards[1].name
+    data = bytearray(victim.read_bytes())
+    pos = len(data) // 3
+    data[pos] ^= 0x01
+    victim.write_bytes(bytes(data))
+    proc = _cli("verify", str(dataset), "--json")
+    assert proc.returncode == 1
+    report = json.loads(proc.stdout)
+    assert not report["ok"]
+    assert any(manifest.shards[1].name in p and "SHA-256" in p for p in report["problems"])
+    assert all(manifest.shards[0].name not in p for p in report["problems"])
+
+
+def test_verify_reports_missing_shard_and_bad_index(dataset: Path, real_fmt: str) -> None:
+    manifest = read_manifest(open_store(dataset))
+    (dataset / manifest.shards[0].name).unlink()
+    if manifest.shards[2].index:
+        idx = dataset / manifest.shards[2].index
+        idx.write_bytes(idx.read_bytes() + b"0 0\n")
+    report = fc.verify_dataset(dataset)
+    assert any("shard is missing" in p for p in report.problems)
+    if manifest.shards[2].index:
+        assert any("index differs" in p for p in report.problems)
+    # index rebuilds the damaged index; only the missing shard remains a problem
+    if manifest.shards[2].index:
+        with pytest.raises(FileNotFoundError):
+            fc.index_dataset(dataset)  # the missing shard cannot be indexed
+
+
+def test_index_rebuilds_our_indexes(dataset: Path, real_fmt: str) -> None:
+    manifest = read_manifest(open_store(dataset))
+    index_keys = [s.index for s in manifest.shards if s.index]
+    before = {k: (dataset / k).read_bytes() for k in index_keys}
+    for k in index_keys:
+        (dataset / k).unlink()
+    proc = _cli("index", str(dataset))
+    assert proc.returncode == 0, proc.stderr
+    assert {k: (dataset / k).read_bytes() for k in index_keys} == before
+    assert fc.verify_dataset(dataset).ok
+
+
+def test_index_third_party_tars(tmp_path: Path, cv: Any) -> None:
+    src = tmp_path / "thirdparty"
+    src.mkdir()
+    expected = {}
+    for s in range(3):
+        with wds.TarWriter(str(src / f"part-{s}.tar")) as sink:
+            for i in range(5):
+                key = f"{s}_{i}"
+                sample = {"__key__": key, "jpg": bytes([s, i]) * 50, "json": b'{"i": %d}' % i}
+                sink.write(sample)
+                expected[key] = {"jpg": sample["jpg"], "json": sample["json"]}
+    (src / "README.txt").write_text("not a shard")
+    proc = _cli("index", str(src))
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote 3 index files" in proc.stdout
+    assert "ignored 1" in proc.stdout
+    for s in range(3):
+        assert (src / f"part-{s}.tar.idx").exists()
+    manifest = read_manifest(open_store(src))
+    assert manifest.format == "webdataset"
+    assert [e.name for e in manifest.shards] == ["part-0.tar", "part-1.tar", "part-2.tar"]
+    assert manifest.num_samples == 15
+    assert manifest.schema["jpg"]["count"] == 15
+    assert cv.read_dataset(src) == expected
+    verify = _cli("verify", str(src))
+    assert verify.returncode == 0, verify.stdout
+    inspect = _cli("inspect", str(src), "--json")
+    assert json.loads(inspect.stdout)["samples"][0]["key"] == "0_0"
+    # the indexed directory is now a dataset that converts like ours
+    out = tmp_path / "converted"
+    result = fc.convert(src, out, format="lmdb", workers=1, quiet=True)
+    assert result.num_samples == 15
+    assert cv.read_dataset(out) == expected
+
+
+def test_index_without_shards(tmp_path: Path) -> None:
+    (tmp_path / "x.txt").write_text("hi")
+    proc = _cli("index", str(tmp_path))
+    assert proc.returncode == 1
+    assert "no shards found" in proc.stderr
+
+
+def test_inspect_without_manifest(tmp_path: Path) -> None:
+    proc = _cli("inspect", str(tmp_path))
+    assert proc.returncode == 1
+    assert "fastload index" in proc.stderr
