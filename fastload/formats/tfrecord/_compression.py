@@ -53,11 +53,14 @@ def _looks_zlib(head: bytes) -> bool:
     )
 
 
-def _inflated_head(head: bytes, compression: str) -> bytes:
+def _inflated_head(head: bytes, compression: str) -> tuple[bytes, bool]:
+    """Up to 64 decompressed bytes of ``head`` and whether ``head`` inflates without error."""
+    inflater = zlib.decompressobj(wbits(compression))
     try:
-        return zlib.decompressobj(wbits(compression)).decompress(head, 64)
+        out = inflater.decompress(head, 64)
     except zlib.error:
-        return b""
+        return b"", False
+    return out, True
 
 
 def detect_compression(head: bytes) -> tuple[bool, Compression]:
@@ -65,21 +68,25 @@ def detect_compression(head: bytes) -> tuple[bool, Compression]:
 
     A plain file must start with a record header whose length CRC matches. A compressed file must
     carry the gzip magic (or a valid zlib header) *and* decompress to such a record header, so a
-    ``.tar.gz`` or other gzip data is not mistaken for TFRecord. An empty ``head`` is a plain,
-    empty file.
+    ``.tar.gz`` or other gzip data is not mistaken for TFRecord. When ``head`` is too short to
+    inflate 12 bytes (a dynamic Huffman table alone can take a hundred bytes), a gzip stream that
+    inflates without error so far counts as plausible. An empty ``head`` is a plain, empty file.
     """
     if not head:
         return True, None
     if valid_header(head):
         return True, None
-    for compression in ("gzip", "zlib"):
-        if compression == "gzip" and not head.startswith(_GZIP_MAGIC):
-            continue
-        if compression == "zlib" and not _looks_zlib(head):
-            continue
-        inner = _inflated_head(head, compression)
-        return (valid_header(inner) or inner == b""), compression
-    return False, None
+    compression: Compression
+    if head.startswith(_GZIP_MAGIC):
+        compression = "gzip"
+    elif _looks_zlib(head):
+        compression = "zlib"
+    else:
+        return False, None
+    inner, ok = _inflated_head(head, compression)
+    if len(inner) >= 12:
+        return valid_header(inner), compression
+    return ok and compression == "gzip", compression
 
 
 class InflateReader(io.RawIOBase):

@@ -25,6 +25,7 @@ __all__ = ["TFRecordReader"]
 #: when CRCs are not verified).
 _MAX_READ = 64 * 1024 * 1024
 _EXTENSIONS = (".tfrecords", ".tfrecord", ".tfr")
+_COMPRESSED_SUFFIXES = (".gz", ".gzip", ".zz", ".zlib")
 
 
 def _read_exact(read: Callable[[int], bytes], n: int) -> bytes:
@@ -38,6 +39,14 @@ def _read_exact(read: Callable[[int], bytes], n: int) -> bytes:
         parts.append(part)
         n -= len(part)
     return b"".join(parts)
+
+
+class _NoRandomAccessError(FormatError, TypeError):
+    """``len()`` / ``read()`` without an index, or on a compressed file.
+
+    Also a ``TypeError``, which is how Python says "this object has no length": ``list(reader)``
+    asks for ``len()`` as a size hint and must fall back to iterating, not fail.
+    """
 
 
 class TFRecordReader(ShardReader):
@@ -91,6 +100,7 @@ class TFRecordReader(ShardReader):
         self.chunk_size = chunk_size
         self._index: RecordIndex | None = None
         self._index_loaded = False
+        self._no_access = ""  # why there is no random access, once known
         self._stem = default_stem(key)
 
     # ---- streaming ------------------------------------------------------------------------------
@@ -210,39 +220,34 @@ class TFRecordReader(ShardReader):
     # ---- random access --------------------------------------------------------------------------
 
     def _load_index(self) -> RecordIndex:
-        if self._index_loaded:
-            if self._index is None:
-                raise self._no_index()
-            return self._index
-        index_key = self.index_key if self.index_key is not None else self.key + ".idx"
-        try:
-            text = self.store.get(index_key)
-        except ObjectNotFoundError:
-            if self.index_key is not None:
-                raise
-            text = None
-        self._index_loaded = True
-        if text is not None:
-            head = self.store.get(self.key, ByteRange(0, min(self.store.size(self.key), 512)))
-            compression = detect_compression(head)[1]
+        if not self._index_loaded:
+            index_key = self.index_key if self.index_key is not None else self.key + ".idx"
+            try:
+                text: bytes | None = self.store.get(index_key)
+            except ObjectNotFoundError:
+                text = None
+            size = self.store.size(self.key)
+            compression = detect_compression(
+                self.store.get(self.key, ByteRange(0, min(size, 512)))
+            )[1]
             if compression is not None:
-                raise FormatError(
+                self._no_access = (
                     f"{self.url} is {compression}-compressed: records have no byte offsets, so "
-                    "there is no random access (its index does not apply); stream it with "
-                    "iteration, or decompress it / rewrite it with fastload",
-                    url=self.url,
+                    "there is no len() or read(i) (an index does not apply); stream it by "
+                    "iterating, or decompress it / rewrite it with fastload"
                 )
-            self._index = parse_index(text, url=self.store.child_url(index_key))
+            elif text is None:
+                self._no_access = (
+                    f"{type(self).__name__} needs the index {index_key} for len() and read(i), "
+                    "and it does not exist; build it with `fastload index` (or stream the shard "
+                    "by iterating)"
+                )
+            else:
+                self._index = parse_index(text, url=self.store.child_url(index_key))
+            self._index_loaded = True
         if self._index is None:
-            raise self._no_index()
+            raise _NoRandomAccessError(self._no_access, url=self.url)
         return self._index
-
-    def _no_index(self) -> FormatError:
-        return FormatError(
-            f"{type(self).__name__} needs the index {self.key}.idx for random access and it "
-            "does not exist; build it with `fastload index` (or stream the shard by iterating)",
-            url=self.url,
-        )
 
     def __len__(self) -> int:
         """Number of records, from the index.
@@ -325,14 +330,18 @@ class TFRecordReader(ShardReader):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_index"], state["_index_loaded"] = None, False  # reload lazily, cheap to pickle
+        # reload lazily in the new process; keeps pickles small
+        state["_index"], state["_index_loaded"] = None, False
         return state
 
 
 def default_stem(key: str) -> str:
-    """The shard key without its TFRecord extension (used to derive keys of key-less records)."""
-    base = posixpath.basename(key)
-    for ext in _EXTENSIONS:
-        if base.endswith(ext) and len(base) > len(ext):
-            return key[: -len(ext)]
+    """The shard key without a compression suffix and TFRecord extension (``data/a.tfrecord.gz``
+    → ``data/a``); keys of records without ``__key__`` are ``<stem>/<position:08d>``."""
+    for suffixes in (_COMPRESSED_SUFFIXES, _EXTENSIONS):
+        base = posixpath.basename(key)
+        for ext in suffixes:
+            if base.endswith(ext) and len(base) > len(ext):
+                key = key[: -len(ext)]
+                break
     return key
