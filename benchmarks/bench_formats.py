@@ -33,6 +33,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ import msgpack
 import numpy as np
 
 from fastload.formats import Format, get_format
+from fastload.formats.lmdb import LMDBReader
 from fastload.storage import LocalStore
 
 FORMATS = ("webdataset", "tfrecord", "lmdb")
@@ -113,6 +115,12 @@ def write_format(
     return Written(fmt, keys, paths, total, time.perf_counter() - start)
 
 
+def _must(value: bytes | None) -> bytes:
+    if value is None:
+        raise KeyError("a key the benchmark wrote is missing")
+    return value
+
+
 # ---- contenders ---------------------------------------------------------------------------------
 
 
@@ -148,7 +156,8 @@ def raw_lmdb_read(paths: list[str]) -> int:
             with env.begin() as txn:
                 n = msgpack.unpackb(txn.get(META))["num_samples"]
                 for i in range(n):
-                    fields = msgpack.unpackb(txn.get(txn.get(POS + i.to_bytes(8, "big"))))
+                    key = _must(txn.get(POS + i.to_bytes(8, "big")))
+                    fields = msgpack.unpackb(_must(txn.get(key)))
                     count += len(fields["bin"]) > 0
         finally:
             env.close()
@@ -159,7 +168,7 @@ def lmdb_random(
     store: LocalStore, written: Written, picks: list[tuple[int, int, str]], by: str
 ) -> float:
     """Seconds for our reader to fetch ``picks`` (shard, position, key) by key or by position."""
-    readers = [written.fmt.reader(store, key) for key in written.keys]
+    readers = [LMDBReader(store, key) for key in written.keys]
     try:
         for r in readers:
             len(r)  # open outside the timed part
@@ -189,7 +198,8 @@ def raw_random(paths: list[str], picks: list[tuple[int, int, str]], by: str) -> 
         else:
             for shard, pos, _ in picks:
                 txn = txns[shard]
-                assert len(msgpack.unpackb(txn.get(txn.get(POS + pos.to_bytes(8, "big"))))["bin"])
+                key = _must(txn.get(POS + pos.to_bytes(8, "big")))
+                assert len(msgpack.unpackb(_must(txn.get(key)))["bin"])
         elapsed = CLOCK() - start
         for txn in txns:
             txn.abort()
@@ -256,16 +266,16 @@ def _run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
     contenders: list[tuple[str, Callable[[], float]]] = []
     for name, w in written.items():
-        contenders.append((f"{name}:plain", lambda w=w: timed(lambda: plain_read(w.paths))))
-        contenders.append((f"{name}:fastload", lambda w=w: timed(lambda: fastload_read(store, w))))
+        contenders.append((f"{name}:plain", partial(timed, partial(plain_read, w.paths))))
+        contenders.append((f"{name}:fastload", partial(timed, partial(fastload_read, store, w))))
     if "lmdb" in written:
         w = written["lmdb"]
-        contenders.append(("lmdb:raw", lambda: timed(lambda: raw_lmdb_read(w.paths))))
+        contenders.append(("lmdb:raw", partial(timed, partial(raw_lmdb_read, w.paths))))
         for by in ("key", "position"):
             contenders.append(
-                (f"lmdb:get-{by}:fastload", lambda by=by: lmdb_random(store, w, picks, by))
+                (f"lmdb:get-{by}:fastload", partial(lmdb_random, store, w, picks, by))
             )
-            contenders.append((f"lmdb:get-{by}:raw", lambda by=by: raw_random(w.paths, picks, by)))
+            contenders.append((f"lmdb:get-{by}:raw", partial(raw_random, w.paths, picks, by)))
 
     for _, fn in contenders:  # warm-up: page cache, imports, first opens
         fn()
@@ -300,18 +310,21 @@ def _run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             "shard_bytes": w.num_bytes,
             "write_mb_per_s": w.num_bytes / w.write_s / 1e6,
         }
-        mark = "ok" if ratio >= goal else "LOW"
-        print(
-            f"{name:<12}{args.samples / ours:>12.0f}{mbs:>10.0f}{plain_mbs:>12.0f}"
-            f"{ratio:>7.2f}x{goal:>6.1f} {mark}"
-        )
-        if name == "lmdb":
+        if name == "lmdb":  # the LMDB goal is against raw py-lmdb, not against plain reads
             raw = timings.median("lmdb:raw")
             row["raw_lmdb_mb_per_s"] = w.num_bytes / raw / 1e6
             row["ratio_vs_raw_lmdb"] = raw / ours
+            verdict = f"{'ok' if raw / ours >= goal else 'LOW'} ({raw / ours:.2f}x raw py-lmdb)"
+        else:
+            verdict = "ok" if ratio >= goal else "LOW"
+        print(
+            f"{name:<12}{args.samples / ours:>12.0f}{mbs:>10.0f}{plain_mbs:>12.0f}"
+            f"{ratio:>7.2f}x{goal:>6.1f} {verdict}"
+        )
+        if name == "lmdb":
             print(
-                f"{'lmdb (raw)':<12}{args.samples / raw:>12.0f}{w.num_bytes / raw / 1e6:>10.0f}"
-                f"{plain_mbs:>12.0f}{plain / raw:>7.2f}x   fastload/raw = {raw / ours:.2f}x"
+                f"{'lmdb raw':<12}{args.samples / raw:>12.0f}{w.num_bytes / raw / 1e6:>10.0f}"
+                f"{plain_mbs:>12.0f}{plain / raw:>7.2f}x   (py-lmdb + msgpack, README order)"
             )
         results["sequential"][name] = row
     if "lmdb" in written:
