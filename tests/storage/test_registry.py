@@ -1,0 +1,89 @@
+"""open_store: one registry from URL scheme to backend, with install hints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fastload import open_store
+from fastload.errors import InvalidArgumentError, MissingDependencyError, UnknownSchemeError
+from fastload.storage import LocalStore, MemoryStore, _registry, known_schemes, register_store
+
+
+@pytest.fixture(autouse=True)
+def _restore_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Registrations made by a test vanish after it."""
+    monkeypatch.setattr(_registry.STORES, "_entries", dict(_registry.STORES._entries))
+    monkeypatch.setattr(_registry.STORES, "_aliases", dict(_registry.STORES._aliases))
+
+
+def test_builtin_schemes() -> None:
+    schemes = known_schemes()
+    assert schemes == sorted(schemes)
+    assert {"file", "memory", "s3", "hdfs"} <= set(schemes)
+
+
+def test_open_store_picks_backends(tmp_path: Path) -> None:
+    assert isinstance(open_store(tmp_path), LocalStore)
+    assert isinstance(open_store(str(tmp_path)), LocalStore)
+    assert isinstance(open_store(f"file://{tmp_path}"), LocalStore)
+    assert isinstance(open_store(f"FILE://{tmp_path}"), LocalStore)  # schemes are case-blind
+    memory = open_store("memory://registry-test")
+    assert isinstance(memory, MemoryStore)
+    assert memory.url == "memory://registry-test"
+
+
+def test_unknown_scheme_lists_the_known_ones() -> None:
+    with pytest.raises(UnknownSchemeError) as info:
+        open_store("gopher://host/data")
+    message = str(info.value)
+    assert isinstance(info.value, ValueError)
+    assert "'gopher'" in message
+    for scheme in ("file", "memory", "s3", "hdfs"):
+        assert scheme in message
+    assert "Plain local paths need no scheme" in message
+
+
+def test_register_store_with_a_class() -> None:
+    class Custom(MemoryStore):
+        opened: list[tuple[str, dict[str, Any]]] = []
+
+        @classmethod
+        def from_url(cls, url: str, **options: Any) -> Custom:
+            cls.opened.append((url, options))
+            return cls(url.split("://", 1)[1])
+
+    register_store("custom", Custom)
+    assert "custom" in known_schemes()
+    store = open_store("custom://bucket/x", flavour="vanilla")
+    assert isinstance(store, Custom)
+    assert Custom.opened == [("custom://bucket/x", {"flavour": "vanilla"})]
+
+
+def test_register_store_with_a_lazy_path() -> None:
+    register_store("mem2", "fastload.storage._memory:MemoryStore")
+    with pytest.raises(InvalidArgumentError, match="not a memory:// URL"):
+        open_store("mem2://x")  # the class was imported and asked; it refuses foreign URLs
+
+
+def test_missing_module_gives_an_install_hint() -> None:
+    register_store("fancy", "fastload_no_such_module_xyz:FancyStore", extra="fancy")
+    with pytest.raises(MissingDependencyError) as info:
+        open_store("fancy://bucket")
+    assert isinstance(info.value, ImportError)
+    assert "pip install 'fastload[fancy]'" in str(info.value)
+    assert isinstance(info.value.__cause__, ImportError)
+
+
+def test_missing_third_party_dependency_gives_an_install_hint() -> None:
+    register_store(
+        "fancier",
+        "fastload.storage._memory:MemoryStore",
+        extra="fancier",
+        modules=("no_such_client_library_xyz",),
+    )
+    with pytest.raises(MissingDependencyError, match=r"pip install 'fastload\[fancier\]'") as info:
+        open_store("fancier://bucket")
+    assert "no_such_client_library_xyz" in str(info.value)
