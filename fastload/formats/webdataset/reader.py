@@ -251,7 +251,8 @@ class WebDatasetReader(ShardReader):
                     return
                 if sample is not None and bad is None:
                     bad = item.error
-                lost = item.error
+                if item.lost_next:
+                    lost = item.error
                 continue
             name, kind, type_name, header_offset, _, _, data = item
             exc: CorruptDataError | None = None
