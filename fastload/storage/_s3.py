@@ -16,9 +16,9 @@ Built on boto3 (chosen by measurement against the local Ceph RGW; see
 * **Atomicity**: ``put`` is one PUT; ``open_writer`` is a multipart upload (objects smaller than one
   part become one PUT on commit). S3 makes either visible whole, at completion. An aborted or failed
   writer aborts its multipart upload, so no parts are left behind.
-* **Large reads**: a whole-object ``get`` fetches the first part, learns the size from it and fetches
-  the rest as parallel ranged GETs pinned to the first part's ETag (``If-Match``), so a concurrent
-  overwrite is detected instead of mixed.
+* **Large reads**: a ``get`` of more than ``parallel_get_threshold`` bytes fetches the rest after
+  its first GET (which learns the size) as parallel ranged GETs pinned to the first GET's ETag
+  (``If-Match``), so a concurrent overwrite is detected instead of mixed.
 * **Listing** uses ``ListObjectsV2`` pages of ``list_page_size`` keys; S3 returns keys in UTF-8 byte
   order, which is the order the :class:`~fastload.storage.Store` contract promises. Zero-byte
   "directory marker" keys ending in ``/`` are skipped.
@@ -129,7 +129,11 @@ class S3Config:
         multipart_threshold: ``put`` of at least this many bytes uploads parts in parallel.
         upload_concurrency: Parts of one writer uploaded at once (memory: this many parts).
         parallel_get_threshold: Whole-object (or range) gets larger than this use parallel GETs.
-        parallel_get_part_size: Bytes per ranged GET of a parallel get.
+            Joining the parts costs one extra copy of the object, which on a CPU-bound loopback
+            RGW made a 64 MiB get ~40% slower than one GET (benchmarks/bench_s3_clients.py); over
+            a real network one TCP stream is the limit, so large objects gain. Default 128 MiB.
+        parallel_get_part_size: Bytes per ranged GET of a parallel get (also the size of the
+            first GET of every whole-object get, which learns the object size). Default 32 MiB.
         parallel_get_threads: Threads per process for parallel gets and uploads.
         list_page_size: Keys per ``ListObjectsV2`` request (1..1000).
         stream_resume_attempts: How often :meth:`S3Store.open_reader` re-requests the rest of an
@@ -151,8 +155,8 @@ class S3Config:
     part_size: int = 8 * MiB
     multipart_threshold: int = 64 * MiB
     upload_concurrency: int = 4
-    parallel_get_threshold: int = 16 * MiB
-    parallel_get_part_size: int = 16 * MiB
+    parallel_get_threshold: int = 128 * MiB
+    parallel_get_part_size: int = 32 * MiB
     parallel_get_threads: int = 8
     list_page_size: int = 1000
     stream_resume_attempts: int = 3
@@ -525,10 +529,16 @@ class S3Store(Store):
             # No GET can express an empty range; HEAD checks existence and the bound.
             check_range(byte_range, self.head(key).size, url=url)
             return b""
+        # The first GET covers the whole object (or range) when it is at most the threshold, so
+        # most gets are one request with no copy; it also returns the size and the ETag that pins
+        # the parallel GETs of larger objects.
         start = byte_range.start if byte_range else 0
-        first_end = start + cfg.parallel_get_part_size
-        if byte_range is not None:
-            first_end = min(first_end, byte_range.end)
+        if byte_range is None:
+            first_end = cfg.parallel_get_threshold
+        elif byte_range.length <= cfg.parallel_get_threshold:
+            first_end = byte_range.end
+        else:
+            first_end = start + cfg.parallel_get_part_size
         try:
             first, total, etag = self._get_object(key, full, start, first_end)
         except InvalidRangeError:
@@ -541,9 +551,6 @@ class S3Store(Store):
         end = byte_range.end if byte_range is not None else total
         if start + len(first) >= end:
             return first
-        if end - start <= cfg.parallel_get_threshold:
-            rest = self._get_object(key, full, start + len(first), end, etag)[0]
-            return first + rest
         return self._parallel_get(key, full, first, start + len(first), end, etag)
 
     def _parallel_get(
