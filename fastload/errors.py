@@ -24,6 +24,7 @@ __all__ = [
     "InvalidRangeError",
     "ManifestError",
     "MissingDependencyError",
+    "MissingIndexError",
     "ObjectNotFoundError",
     "ReadOnlyStoreError",
     "StoreAuthError",
@@ -153,6 +154,12 @@ class CorruptDataError(FormatError):
 
 class UnsafeDataError(FormatError, PermissionError):
     """Decoding would run untrusted code (pickle). Refused unless explicitly allowed."""
+
+
+class MissingIndexError(FormatError, TypeError):
+    """A shard has no index, so it cannot be counted or read by position; build one with
+    ``fastload index``. Also a :class:`TypeError`, so ``len()`` length hints fall back to
+    iteration."""
 
 
 class ManifestError(FormatError):

@@ -28,7 +28,7 @@ from types import TracebackType
 from typing import Any, ClassVar, Literal
 
 from fastload._plugins import PluginRegistry
-from fastload.errors import FormatError, InvalidArgumentError
+from fastload.errors import FormatError, InvalidArgumentError, MissingIndexError
 from fastload.storage import Store
 
 __all__ = [
@@ -201,11 +201,14 @@ class ShardReader(ABC):
 
     def __len__(self) -> int:
         """Number of samples (needs random access)."""
-        raise FormatError(f"{type(self).__name__} has no index to count samples", url=self.url)
+        raise MissingIndexError(
+            f"{type(self).__name__} has no index to count samples; build one with `fastload index`",
+            url=self.url,
+        )
 
     def read(self, i: int) -> dict[str, Any]:
         """The ``i``-th sample of the shard, by random access (needs an index)."""
-        raise FormatError(
+        raise MissingIndexError(
             f"{type(self).__name__} cannot read sample {i} by position without an index; "
             "build one with `fastload index`",
             url=self.url,

@@ -10,12 +10,11 @@ from __future__ import annotations
 from fastload.formats._base import Format
 from fastload.formats.webdataset._tar import BLOCK, checksum_ok
 from fastload.formats.webdataset.index import build_index, format_index, parse_index
-from fastload.formats.webdataset.reader import MissingIndexError, WebDatasetReader
+from fastload.formats.webdataset.reader import WebDatasetReader
 from fastload.formats.webdataset.writer import WebDatasetWriter
 
 __all__ = [
     "FORMAT",
-    "MissingIndexError",
     "WebDatasetReader",
     "WebDatasetWriter",
     "build_index",

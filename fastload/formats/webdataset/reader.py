@@ -6,7 +6,7 @@ import io
 from collections.abc import Iterator
 from typing import Any
 
-from fastload.errors import CorruptDataError, FormatError, ObjectNotFoundError
+from fastload.errors import CorruptDataError, FormatError, MissingIndexError, ObjectNotFoundError
 from fastload.formats._base import OnError, ShardReader
 from fastload.formats.webdataset._tar import (
     BLOCK,
@@ -23,16 +23,7 @@ from fastload.formats.webdataset._tar import (
 from fastload.formats.webdataset.index import Component, parse_index
 from fastload.storage import ByteRange, Store
 
-__all__ = ["MissingIndexError", "WebDatasetReader"]
-
-
-class MissingIndexError(FormatError, TypeError):
-    """The shard has no index, so it cannot be counted or read by position.
-
-    Also a :class:`TypeError`, because ``list(reader)`` and other consumers call ``len()`` as a
-    length hint and ignore only ``TypeError`` from it.
-    """
-
+__all__ = ["WebDatasetReader"]
 
 _META = ("__key__", "__url__", "__index__")
 
