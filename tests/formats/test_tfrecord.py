@@ -551,6 +551,11 @@ def test_bad_length_crc_stops_the_shard(
     assert keys == ["k0"]
     assert reader.skipped == 1
     assert "length CRC" in caplog.text
+    # unchecked, an absurd length reads to the end of the file and reports truncation
+    broken = bytearray(data)
+    broken[offsets[1] + 6] = 0x7F  # record 1's length becomes ~2**55
+    store.put("s.tfrecord", bytes(broken))
+    _assert_error(store, "truncated TFRecord: record 1", offsets[1], verify=False)
 
 
 def test_truncated_record_and_header(shard: tuple[MemoryStore, bytes, list[int]]) -> None:
