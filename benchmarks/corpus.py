@@ -129,6 +129,25 @@ class Corpus:
         """``(absolute path, label)`` for every image, in index order."""
         return [(str(self.root / _relpath(i)), i % NUM_CLASSES) for i in range(self.count)]
 
+    def folder(self) -> Path:
+        """An image folder holding exactly this corpus's ``count`` images (hard links, made once).
+
+        The generation directory may hold more images (a larger corpus) and marker files; tools
+        that take a directory (``fastload convert``, DALI's file reader) get this view instead.
+        """
+        view = self.root.parent / f"{self.root.name}-view-{self.count}"
+        marker = view.parent / f".{view.name}.complete"
+        if marker.exists():
+            return view
+        for c in range(NUM_CLASSES):
+            (view / f"c{c:03d}").mkdir(parents=True, exist_ok=True)
+        for i in range(self.count):
+            dst = view / _relpath(i)
+            if not dst.exists():
+                os.link(self.root / _relpath(i), dst)
+        marker.write_text(str(self.count))
+        return view
+
     def total_bytes(self) -> int:
         """Sum of the JPEG file sizes in bytes."""
         return sum(os.path.getsize(p) for p, _ in self.files())
