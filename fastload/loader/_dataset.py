@@ -8,6 +8,7 @@ drives that form and adds epochs, resumption and statistics.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -223,6 +224,15 @@ class Dataset(torch.utils.data.Dataset[Any]):
     def shard_url(self, shard: int) -> str:
         """The URL of shard number ``shard``."""
         return self.store.child_url(self.shard_keys[shard])
+
+    @property
+    def fingerprint(self) -> str:
+        """A short hash of the shard list (names, sample counts, checksums): identifies the data
+        a resume state belongs to."""
+        h = hashlib.sha256()
+        for entry in self.manifest.shards:
+            h.update(f"{entry.name}\0{entry.num_samples}\0{entry.sha256}\n".encode())
+        return h.hexdigest()[:16]
 
     def order_options(self) -> dict[str, Any]:
         """The options that define the epoch order (they go into loader state dicts)."""

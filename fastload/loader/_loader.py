@@ -238,6 +238,7 @@ class DataLoader:
             "num_samples": self.partition.num_samples,
             "world_size": self.world_size,
             "drop_last": self.drop_last,
+            "dataset": self.dataset.fingerprint,
             **self.dataset.order_options(),
         }
 
@@ -279,6 +280,12 @@ class DataLoader:
             raise InvalidArgumentError(
                 f"the state is for a dataset of {state.get('num_samples')} samples, but "
                 f"{self.dataset.url} has {self.partition.num_samples}; resume on the same dataset"
+            )
+        if "dataset" in state and state["dataset"] != self.dataset.fingerprint:
+            raise InvalidArgumentError(
+                f"the state was saved on another dataset (shard list fingerprint "
+                f"{state['dataset']!r}, {self.dataset.url} has {self.dataset.fingerprint!r}: "
+                "shard names, sample counts or checksums differ); resume on the same dataset"
             )
         for name, value in self.dataset.order_options().items():
             if name in state and state[name] != value:

@@ -131,6 +131,9 @@ def test_load_state_dict_rejects_other_order(fake: SimpleNamespace) -> None:
         fl.DataLoader(fake.make_dataset([10], seed=2), batch_size=2).load_state_dict(state)
     with pytest.raises(InvalidArgumentError, match=r"11 samples|10 samples"):
         fl.DataLoader(fake.make_dataset([11], seed=1), batch_size=2).load_state_dict(state)
+    with pytest.raises(InvalidArgumentError, match="another dataset"):
+        other = fake.make_dataset([4, 6], seed=1)  # same size, other shards
+        fl.DataLoader(other, batch_size=2).load_state_dict(state)
     with pytest.raises(InvalidArgumentError, match="version"):
         fl.DataLoader(ds, batch_size=2).load_state_dict({**state, "version": 99})
     with pytest.raises(InvalidArgumentError, match="state dict"):
@@ -324,6 +327,14 @@ def test_webdataset_workers_exactly_once_and_resume(fake: SimpleNamespace, tmp_p
 def test_spawn_context(fake: SimpleNamespace, tmp_path: Path) -> None:
     """Datasets and loaders pickle: spawned workers (no fork) produce the same batches."""
     ds = _wds_dataset(fake, tmp_path, [6, 3], decode="rgb8", fields=("__key__", "cls"))
-    ref = [b[0] for b in fl.DataLoader(ds, batch_size=4)]
-    loader = fl.DataLoader(ds, batch_size=4, num_workers=1, multiprocessing_context="spawn")
+    main = fl.DataLoader(ds, batch_size=4)
+    ref = [b[0] for b in main]
+    main.set_epoch(1)
+    ref1 = [b[0] for b in main]
+    loader = fl.DataLoader(
+        ds, batch_size=4, num_workers=1, multiprocessing_context="spawn", persistent_workers=True
+    )
     assert [b[0] for b in loader] == ref
+    loader.set_epoch(1)  # reaches the spawned, persistent worker through shared memory
+    assert [b[0] for b in loader] == ref1
+    assert ref1 != ref
