@@ -131,9 +131,9 @@ def test_load_state_dict_rejects_other_order(fake: SimpleNamespace) -> None:
         fl.DataLoader(fake.make_dataset([10], seed=2), batch_size=2).load_state_dict(state)
     with pytest.raises(InvalidArgumentError, match=r"11 samples|10 samples"):
         fl.DataLoader(fake.make_dataset([11], seed=1), batch_size=2).load_state_dict(state)
+    other = fl.DataLoader(fake.make_dataset([4, 6], seed=1), batch_size=2)  # same size
     with pytest.raises(InvalidArgumentError, match="another dataset"):
-        other = fake.make_dataset([4, 6], seed=1)  # same size, other shards
-        fl.DataLoader(other, batch_size=2).load_state_dict(state)
+        other.load_state_dict(state)
     with pytest.raises(InvalidArgumentError, match="version"):
         fl.DataLoader(ds, batch_size=2).load_state_dict({**state, "version": 99})
     with pytest.raises(InvalidArgumentError, match="state dict"):
