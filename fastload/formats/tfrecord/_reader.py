@@ -121,15 +121,15 @@ class TFRecordReader(ShardReader):
                 if offset:
                     raw.seek(offset)
                 return raw, None
+            if offset:
+                raise FormatError(
+                    f"cannot seek to byte {offset} of a {compression}-compressed TFRecord file",
+                    url=self.url,
+                )
             stream = io.BufferedReader(InflateReader(raw, compression, url=self.url), 1 << 20)
         except BaseException:
             raw.close()
             raise
-        if offset:
-            raise FormatError(
-                f"cannot seek to byte {offset} of a {compression}-compressed TFRecord file",
-                url=self.url,
-            )
         return stream, compression
 
     def _corrupt(self, message: str, offset: int, compression: str | None) -> CorruptDataError:
