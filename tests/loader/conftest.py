@@ -139,15 +139,11 @@ def build_format_dataset(
     f = get_format(fmt)
     entries = []
     for s, n in enumerate(sizes):
-        with f.writer(store, f"train-{s:06d}.{f.extension}") as w:
-            for p in range(n):
-                w.write(
-                    {
-                        "__key__": key_of(s, p),
-                        "cls": s * 1000 + p,
-                        "bin": bytes([p % 256]) * payload,
-                    }
-                )
+        w = f.writer(store, f"train-{s:06d}.{f.extension}")
+        for p in range(n):
+            w.write(
+                {"__key__": key_of(s, p), "cls": s * 1000 + p, "bin": bytes([p % 256]) * payload}
+            )
         entries.append(ShardEntry.from_info(w.close()))
     write_manifest(store, Manifest(format=f.name, shards=entries))
     return root

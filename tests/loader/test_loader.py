@@ -324,6 +324,22 @@ def test_webdataset_workers_exactly_once_and_resume(fake: SimpleNamespace, tmp_p
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("fmt", ["webdataset", "tfrecord", "lmdb"])
+def test_every_format_exactly_once_with_workers(
+    fake: SimpleNamespace, tmp_path: Path, fmt: str
+) -> None:
+    sizes = [5, 0, 3, 9]
+    root = fake.build_format_dataset(str(tmp_path / fmt), sizes, fmt)
+    ds = fl.open_dataset(root, decode="rgb8", fields=("__key__", "cls"), block_size=2, window=2)
+    assert ds[3] == (fake.key_of(0, 3), 3)  # map-style random access
+    assert ds[len(ds) - 1] == (fake.key_of(3, 8), 3008)
+    main = [b[0] for b in fl.DataLoader(ds, batch_size=3)]
+    workers = [b[0] for b in fl.DataLoader(ds, batch_size=3, num_workers=2)]
+    assert workers == main
+    assert sorted(k for b in main for k in b) == sorted(fake.all_keys(sizes))
+
+
+@pytest.mark.timeout(120)
 def test_spawn_context(fake: SimpleNamespace, tmp_path: Path) -> None:
     """Datasets and loaders pickle: spawned workers (no fork) produce the same batches."""
     ds = _wds_dataset(fake, tmp_path, [6, 3], decode="rgb8", fields=("__key__", "cls"))
@@ -338,3 +354,21 @@ def test_spawn_context(fake: SimpleNamespace, tmp_path: Path) -> None:
     loader.set_epoch(1)  # reaches the spawned, persistent worker through shared memory
     assert [b[0] for b in loader] == ref1
     assert ref1 != ref
+
+
+@pytest.mark.timeout(120)
+def test_corrupt_webdataset_sample_skip_and_raise(fake: SimpleNamespace, tmp_path: Path) -> None:
+    root = fake.build_format_dataset(str(tmp_path / "ds"), [5, 3], "webdataset")
+    tar = tmp_path / "ds" / "train-000000.tar"
+    data = tar.read_bytes()
+    at = data.index(b"s000/k00002.cls")  # damage one member header (its checksum no longer fits)
+    tar.write_bytes(data[:at] + b"s000/k00002.clz" + data[at + 15 :])
+    ds = fl.open_dataset(root, decode="rgb8", fields=("__key__", "cls"), on_error="skip")
+    loader = fl.DataLoader(ds, batch_size=3, num_workers=1)
+    keys = [k for b in loader for k in b[0]]
+    assert sorted(keys) == sorted(set(fake.all_keys([5, 3])) - {fake.key_of(0, 2)})
+    assert loader.stats()["skipped"] == 1
+    assert len(loader) == 3  # the batch count does not change
+    ds = fl.open_dataset(root, decode="rgb8", fields=("__key__", "cls"), shuffle=False)
+    with pytest.raises(WorkerError, match=r"(?s)position 2 of shard \S*train-000000\.tar.*Corrupt"):
+        list(fl.DataLoader(ds, batch_size=3, num_workers=1))
