@@ -332,39 +332,63 @@ def _decode_fast(buf: bytes) -> tuple[str | None, dict[str, bytes]]:
     ``key`` then ``value``, every Feature holds one ``bytes_list`` of one value or one
     ``int64_list`` of one value. Anything else raises :class:`_Unusual` (or IndexError /
     UnicodeDecodeError), and the caller falls back to the protobuf runtime, which decides.
+    One-byte lengths (the usual case, except for large values) are decoded inline.
     """
     end = len(buf)
     key: str | None = None
     fields: dict[str, bytes] = {}
     if end == 0:
         return key, fields
-    if buf[0] != 0x0A:
+    if buf[0] != 0x0A:  # Example.features
         raise _Unusual
-    n, pos = _read_varint(buf, 1)
+    n = buf[1]
+    pos = 2
+    if n >= 0x80:
+        n, pos = _read_varint(buf, 1)
     if pos + n != end:
         raise _Unusual
     while pos < end:
-        if buf[pos] != 0x0A:  # Features.feature
+        if buf[pos] != 0x0A:  # Features.feature (a map entry)
             raise _Unusual
-        n, pos = _read_varint(buf, pos + 1)
+        n = buf[pos + 1]
+        if n < 0x80:
+            pos += 2
+        else:
+            n, pos = _read_varint(buf, pos + 1)
         entry_end = pos + n
         if entry_end > end or buf[pos] != 0x0A:  # entry.key
             raise _Unusual
-        n, pos = _read_varint(buf, pos + 1)
+        n = buf[pos + 1]
+        if n < 0x80:
+            pos += 2
+        else:
+            n, pos = _read_varint(buf, pos + 1)
         if pos + n >= entry_end:
             raise _Unusual
         name = buf[pos : pos + n].decode("utf-8")
         pos += n
-        if buf[pos] != 0x12:  # entry.value
+        if buf[pos] != 0x12:  # entry.value (Feature)
             raise _Unusual
-        n, pos = _read_varint(buf, pos + 1)
+        n = buf[pos + 1]
+        if n < 0x80:
+            pos += 2
+        else:
+            n, pos = _read_varint(buf, pos + 1)
         if pos + n != entry_end or n < 3:
             raise _Unusual
         kind = buf[pos]  # Feature.<kind> tag
-        n, pos = _read_varint(buf, pos + 1)
+        n = buf[pos + 1]
+        if n < 0x80:
+            pos += 2
+        else:
+            n, pos = _read_varint(buf, pos + 1)
         if pos + n != entry_end or n < 2 or buf[pos] != 0x0A:  # <Kind>List.value
             raise _Unusual
-        n, pos = _read_varint(buf, pos + 1)
+        n = buf[pos + 1]
+        if n < 0x80:
+            pos += 2
+        else:
+            n, pos = _read_varint(buf, pos + 1)
         if pos + n != entry_end:
             raise _Unusual
         if kind == 0x0A:  # bytes_list of one value
