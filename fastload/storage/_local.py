@@ -33,6 +33,7 @@ __all__ = ["LocalStore"]
 
 _TMP_PREFIX = ".fastload-tmp-"
 _O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+_PATH_CACHE_SIZE = 1 << 16  # validated key -> path entries kept per store (then cleared)
 
 
 def _fsync_dir(path: str) -> None:
@@ -130,6 +131,8 @@ class LocalStore(Store):
     ):
         self._root = os.path.abspath(os.fspath(root))
         self._root_sep = self._root.rstrip("/") + "/"
+        # key -> validated, encoded path, for reads; per process, never pickled
+        self._paths: dict[str, bytes] = {}
         self._read_only = read_only
         self._fsync = fsync
 
@@ -166,6 +169,23 @@ class LocalStore(Store):
     # ---- helpers ----------------------------------------------------------------------------
 
     def _path(self, key: str) -> str:
+        """The file path of ``key``, validated."""
+        return self._make_path(key)
+
+    def _read_path(self, key: str) -> bytes:
+        """The file path of ``key``, validated and encoded; cached, as small reads are hot."""
+        try:
+            path = self._paths.get(key)
+        except TypeError:  # unhashable: not a str; _make_path raises the proper error
+            path = None
+        if path is None:
+            path = os.fsencode(self._make_path(key))
+            if len(self._paths) >= _PATH_CACHE_SIZE:
+                self._paths.clear()
+            self._paths[key] = path
+        return path
+
+    def _make_path(self, key: str) -> str:
         validate_key(key, url=self.url)
         if _TMP_PREFIX in key and any(p.startswith(_TMP_PREFIX) for p in key.split("/")):
             raise InvalidKeyError(
@@ -204,20 +224,26 @@ class LocalStore(Store):
     # ---- Store API --------------------------------------------------------------------------
 
     def get(self, key: str, byte_range: ByteRange | None = None) -> bytes:
-        path = self._path(key)
+        # The hot path of random access: keep it lean (benchmarks/bench_storage.py measures it).
+        try:
+            path = self._paths[key]
+        except (KeyError, TypeError):
+            path = self._read_path(key)
         try:
             fd = os.open(path, _O_RDONLY)
         except OSError as exc:
             raise self._translate(exc, key) from exc
         try:
-            if byte_range is not None and byte_range.end > byte_range.start:
-                # Hot path for random access: no fstat; a short read tells us the range may
-                # reach past the end, and only then do we look at the size.
-                length = byte_range.end - byte_range.start
-                data = os.pread(fd, length, byte_range.start)
-                if len(data) == length:
-                    return data
-                return self._finish_short_read(fd, key, byte_range.start, length, data)
+            if byte_range is not None:
+                start = byte_range.start
+                length = byte_range.end - start
+                if length:
+                    # No fstat: a short read tells us the range may reach past the end, and only
+                    # then do we look at the size.
+                    data = os.pread(fd, length, start)
+                    if len(data) == length:
+                        return data
+                    return self._finish_short_read(fd, key, start, length, data)
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise ObjectNotFoundError(
@@ -260,7 +286,7 @@ class LocalStore(Store):
         return b"".join(parts)
 
     def head(self, key: str) -> ObjectMeta:
-        path = self._path(key)
+        path = self._read_path(key)
         try:
             st = os.stat(path)
         except OSError as exc:
