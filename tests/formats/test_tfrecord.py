@@ -815,3 +815,39 @@ def test_we_read_tensorflow_writer_output(
         reader = TFRecordReader(store, key)
         assert len(reader) == 7
         assert reader.read(5)["image/encoded"] == got[5]["image/encoded"]
+
+
+_SMALL_SAMPLE = st.fixed_dictionaries(
+    {"__key__": _KEYS},
+    optional={
+        "jpg": st.binary(max_size=300),
+        "cls": _INT_TEXT,
+        "txt": st.binary(max_size=20),
+    },
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    sample=_SMALL_SAMPLE,
+    flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), min_size=1, max_size=3),
+    cut=st.one_of(st.none(), st.integers(0, 10**6)),
+)
+def test_fast_decoder_never_disagrees_with_protobuf_on_damaged_bytes(
+    sample: dict[str, Any], flips: list[tuple[int, int]], cut: int | None
+) -> None:
+    data = bytearray(b"".join(ex.encode_example(sample["__key__"], fields_of(sample))[0]))
+    for where, xor in flips:
+        data[where % len(data)] ^= xor
+    if cut is not None:
+        del data[cut % len(data) :]
+    payload = bytes(data)
+    try:
+        expected: Any = ex._decode_runtime(payload)
+    except ex.ProtoError:
+        expected = "error"
+    try:
+        fast = ex._decode_fast(payload)
+    except (ex._Unusual, IndexError, UnicodeDecodeError):
+        return  # the runtime decides
+    assert fast == expected
