@@ -253,7 +253,8 @@ class TFRecordReader(ShardReader):
         """Number of records, from the index.
 
         Raises:
-            FormatError: There is no index, or the file is compressed.
+            FormatError: There is no index, or the file is compressed. The error is also a
+                ``TypeError`` (Python's "no length"), so ``list(reader)`` still works.
         """
         return len(self._load_index())
 
