@@ -523,6 +523,31 @@ class StoreTests:
         with store.open_reader("empty") as reader:
             assert reader.read() == b""
 
+    # ---- threads ------------------------------------------------------------------------------
+
+    def test_concurrent_readers_in_threads(self, store: Store) -> None:
+        data = _payload(100_000, seed=9)
+        store.put("threads/obj", data)
+        rng = random.Random(9)
+        jobs = []
+        for _ in range(400):
+            start = rng.randrange(len(data))
+            jobs.append((start, min(len(data), start + rng.randrange(1, 5000))))
+
+        def read(job: tuple[int, int]) -> bool:
+            return store.get("threads/obj", ByteRange(*job)) == data[job[0] : job[1]]
+
+        with ThreadPoolExecutor(8) as pool:
+            assert all(pool.map(read, jobs))
+
+    def test_close_keeps_the_store_usable(self, store: Store) -> None:
+        store.put("c", b"1")
+        store.close()
+        assert store.get("c") == b"1"
+        with store as same:
+            assert same is store
+        assert store.get("c") == b"1"
+
     # ---- conveniences -------------------------------------------------------------------------
 
     def test_conveniences(self, store: Store) -> None:

@@ -87,3 +87,19 @@ def test_missing_third_party_dependency_gives_an_install_hint() -> None:
     with pytest.raises(MissingDependencyError, match=r"pip install 'fastload\[fancier\]'") as info:
         open_store("fancier://bucket")
     assert "no_such_client_library_xyz" in str(info.value)
+
+
+def test_entry_point_plugins_are_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib.metadata import EntryPoint
+
+    from fastload import _plugins
+
+    def fake_entry_points(group: str) -> list[EntryPoint]:
+        assert group == "fastload.stores"
+        return [EntryPoint("thirdparty", "fastload.storage._memory:MemoryStore", group)]
+
+    monkeypatch.setattr(_plugins, "entry_points", fake_entry_points)
+    monkeypatch.setattr(_registry.STORES, "_loaded_entry_points", False)
+    assert "thirdparty" in known_schemes()
+    with pytest.raises(InvalidArgumentError, match="not a memory:// URL"):
+        open_store("thirdparty://x")  # the entry point's class was imported and asked
