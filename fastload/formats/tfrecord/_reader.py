@@ -7,7 +7,7 @@ import posixpath
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
-from fastload.errors import CorruptDataError, FormatError, ObjectNotFoundError
+from fastload.errors import CorruptDataError, FormatError, MissingIndexError, ObjectNotFoundError
 from fastload.formats._base import OnError, ShardReader
 from fastload.formats.tfrecord._compression import (
     InflateReader,
@@ -39,14 +39,6 @@ def _read_exact(read: Callable[[int], bytes], n: int) -> bytes:
         parts.append(part)
         n -= len(part)
     return b"".join(parts)
-
-
-class _NoRandomAccessError(FormatError, TypeError):
-    """``len()`` / ``read()`` without an index, or on a compressed file.
-
-    Also a ``TypeError``, which is how Python says "this object has no length": ``list(reader)``
-    asks for ``len()`` as a size hint and must fall back to iterating, not fail.
-    """
 
 
 class TFRecordReader(ShardReader):
@@ -246,7 +238,7 @@ class TFRecordReader(ShardReader):
                 self._index = parse_index(text, url=self.store.child_url(index_key))
             self._index_loaded = True
         if self._index is None:
-            raise _NoRandomAccessError(self._no_access, url=self.url)
+            raise MissingIndexError(self._no_access, url=self.url)
         return self._index
 
     def __len__(self) -> int:
