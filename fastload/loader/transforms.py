@@ -23,8 +23,9 @@ Every random transform's ``__call__`` takes ``(x, rng=None)``:
   image field (extensions in :data:`~fastload.loader.decode.IMAGE_EXTENSIONS`, or only the field
   named by ``field=``), other entries are copied, and a new dict is returned.
 * The random generator is, in order of precedence: the ``rng`` argument; for a sample dict,
-  :func:`sample_rng` of ``sample["__rng_seed__"]``; otherwise a fresh unseeded generator (not
-  reproducible).
+  :func:`sample_rng` of ``sample["__rng_seed__"]``; otherwise a generator seeded from NumPy's
+  global generator (reproducible where the worker seeds it, as fastload's loader does per batch,
+  but then the draws depend on the batch a sample falls into).
 
 The loader makes augmentation deterministic and resumable by putting ``"__rng_seed__": (seed,
 epoch, index)`` into every raw sample before ``decode``/``transform`` run, where ``index`` is the
@@ -106,7 +107,10 @@ def _rng_for(x: Any, rng: np.random.Generator | None) -> np.random.Generator:
     if isinstance(x, Mapping) and RNG_SEED_KEY in x:
         seed, epoch, index = x[RNG_SEED_KEY]
         return sample_rng(int(seed), int(epoch), int(index))
-    return np.random.default_rng()
+    # Drawn from NumPy's global generator, which fastload's loader reseeds per batch from
+    # (seed, epoch, step) in its workers (and torch's DataLoader seeds per worker): reproducible
+    # there, though not independent of the batch a sample lands in.
+    return np.random.default_rng(np.random.randint(0, 2**31 - 1, size=4))
 
 
 def _check_size(size: int | tuple[int, int], what: str) -> tuple[int, int]:
@@ -290,6 +294,33 @@ def _resize_box(
 def _pil_to_hwc(img: Image.Image) -> np.ndarray:
     arr = np.array(img)  # writable (np.asarray of a PIL image is read-only)
     return arr[:, :, None] if arr.ndim == 2 else arr
+
+
+def _resize_box_torch(
+    arr: np.ndarray, box: tuple[float, float, float, float], out_hw: tuple[int, int]
+) -> torch.Tensor:
+    """Crop ``box`` (rounded to whole pixels) of an HWC uint8 array and resize it to ``out_hw``
+    with antialiased bilinear filtering (same filter as Pillow's); returns a contiguous CHW uint8
+    tensor.
+
+    torch's uint8 channels-last kernel is 3-4x faster than Pillow's resize here and writes CHW
+    directly, so collation needs no transposing copy.
+    """
+    h, w = arr.shape[:2]
+    left = min(max(0, round(box[0])), w - 1)
+    top = min(max(0, round(box[1])), h - 1)
+    right = min(max(left + 1, round(box[2])), w)
+    bottom = min(max(top + 1, round(box[3])), h)
+    region = arr[top:bottom, left:right]
+    if not region.flags.writeable:  # torch warns on read-only arrays (e.g. np.asarray(PIL image))
+        region = region.copy()
+    view = torch.from_numpy(region).permute(2, 0, 1).unsqueeze(0)
+    if (bottom - top, right - left) == out_hw:
+        return view[0].contiguous()
+    out = torch.nn.functional.interpolate(
+        view, size=out_hw, mode="bilinear", antialias=True, align_corners=False
+    )
+    return out[0].contiguous()
 
 
 class RandomResizedCrop(_ImageTransform):
@@ -520,10 +551,16 @@ class _FusedJpegTransform(_ImageTransform):
             arr = _as_rgb_array(image)
             top, left, h, w = self._box(arr.shape[0], arr.shape[1], rng)
             fbox = (float(left), float(top), float(left + w), float(top + h))
-        pil = _resize_box(arr, fbox, self.size, resample)
-        if self._flip(rng):
-            pil = pil.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        out = torch.from_numpy(_pil_to_hwc(pil)).permute(2, 0, 1)  # CHW view, uint8
+        out: torch.Tensor
+        if self.interpolation == "bilinear" and arr.shape[2] == 3:
+            out = _resize_box_torch(arr, fbox, self.size)
+            if self._flip(rng):
+                out = out.flip(-1)
+        else:
+            pil = _resize_box(arr, fbox, self.size, resample)
+            if self._flip(rng):
+                pil = pil.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+            out = torch.from_numpy(_pil_to_hwc(pil)).permute(2, 0, 1)  # CHW view, uint8
         if self.normalize_on == "sample":
             normalized: torch.Tensor = self.normalize(out)
             return normalized

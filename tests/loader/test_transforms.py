@@ -317,3 +317,15 @@ def test_invalid_arguments() -> None:
         ImageEvalTransform(size=224, resize=200)
     with pytest.raises(InvalidArgumentError):
         RandomHorizontalFlip(p=1.5)
+
+
+def test_without_seed_metadata_draws_follow_numpy_global_seed(photo_jpeg: bytes) -> None:
+    """The loader reseeds NumPy's global generator per batch; transforms then repeat exactly."""
+    tf = ImageTrainTransform(size=64)
+    np.random.seed(123)
+    a = [tf(photo_jpeg) for _ in range(3)]
+    np.random.seed(123)
+    b = [tf(photo_jpeg) for _ in range(3)]
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y)
+    assert not torch.equal(a[0], a[1])
