@@ -111,6 +111,10 @@ class Dataset(torch.utils.data.Dataset[Any]):
     :func:`fastload.loader.default_collate`-compatible handling, or prefer :class:`fastload.DataLoader`
     which drops it from the batch and counts it).
 
+    ``ds[i]`` does not add the ``"__rng_seed__"`` entry (it knows no epoch), so seeded random
+    transforms draw fresh randomness there; the iterable form and :class:`fastload.DataLoader`
+    seed every sample from (seed, epoch, index).
+
     Pickling: a dataset pickles by configuration (store, manifest, options, callables); open readers
     are not pickled and reopen lazily in each process. ``decode``/``transform`` must themselves be
     picklable (module-level functions, not lambdas) for the ``spawn``/``forkserver`` start methods.
