@@ -679,16 +679,23 @@ def test_huge_member_size_uses_pax_and_base256_is_read() -> None:
     header = encode_member_header(b"big.bin", size)
     assert len(header) == 3 * 512  # pax header block, its record block, the member header
     assert b"size=17179869187\n" in header
-    stream = io.BytesIO(header)
-    skipped: list[int] = []
+    data_end = len(header) + size + (-size % 512)
+    reads: list[tuple[int, int]] = []
 
-    def skip(n: int) -> int:
-        skipped.append(n)
-        return n
+    def read_at(n: int, offset: int) -> bytes:  # the headers, a hole for the data, end blocks
+        reads.append((n, offset))
+        if offset < len(header):
+            return header[offset : offset + n]
+        assert offset >= data_end, "the scanner read member data it was told to skip"
+        return bytes(n)
 
-    items = list(scan(stream.read, skip, "mem://x", want_data=False))
-    assert items[0] == ("big.bin", 0, "regular file", 0, 1536, size, None)
-    assert skipped == [size + (-size % 512)]
+    for lookahead in (512, 4096):
+        reads.clear()
+        items = list(
+            scan(read_at, data_end + 1024, "mem://x", want_data=False, lookahead=lookahead)
+        )
+        assert items == [("big.bin", 0, "regular file", 0, 1536, size, None)]
+        assert reads[-1][1] == data_end  # the next header is looked for right after the data
     assert parse_octal(b"\x80" + size.to_bytes(11, "big")) == size
     assert parse_octal(b"00000001750\x00") == 1000
     assert parse_octal(b"   1750 \x00\x00\x00\x00") == 1000

@@ -24,7 +24,9 @@ __all__ = [
     "parse_octal",
     "scan",
     "split_member_name",
-    "stream_skipper",
+    "ReadAt",
+    "StreamReadAt",
+    "stream_size",
     "unsafe_name_reason",
     "ustar_name",
 ]
@@ -226,36 +228,6 @@ def _parse_pax(data: bytes) -> dict[bytes, bytes]:
     return out
 
 
-def stream_skipper(stream: io.BufferedIOBase) -> Callable[[int], int]:
-    """A ``skip(n)`` for :func:`scan` over ``stream``: seeks where possible, else reads and drops.
-
-    Returns the bytes actually skipped (fewer than ``n`` only at the end of the stream).
-    """
-    if stream.seekable():
-        here = stream.tell()
-        total = stream.seek(0, io.SEEK_END)
-        stream.seek(here)
-
-        def seek_skip(n: int) -> int:
-            pos = stream.tell()
-            n = max(0, min(n, total - pos))
-            stream.seek(n, io.SEEK_CUR)
-            return n
-
-        return seek_skip
-
-    def read_skip(n: int) -> int:
-        done = 0
-        while done < n:
-            chunk = stream.read(min(n - done, 1 << 20))
-            if not chunk:
-                break
-            done += len(chunk)
-        return done
-
-    return read_skip
-
-
 # ---- scanning -------------------------------------------------------------------------------
 
 
@@ -288,6 +260,8 @@ class Bad:
 
 _REGULAR_FLAGS = (0x30, 0, 0x37)  # "0", NUL (old tars), "7" (contiguous file)
 _META_FLAGS = (0x78, 0x67, 0x4C, 0x4B)  # "x", "g", "L", "K"
+#: Members up to this many bytes are read together with the headers around them.
+SMALL_MEMBER = 8192
 _NO_DATA_FLAGS = (0x31, 0x32, 0x33, 0x34, 0x35, 0x36)  # "1".."6"
 _CHK_CACHE: dict[bytes, int] = {}
 
@@ -321,23 +295,101 @@ def _truncated(url: str, offset: int, what: str) -> Bad:
     )
 
 
+#: ``read_at(n, offset)``: up to ``n`` bytes of the shard from byte ``offset`` on; fewer only where
+#: the shard ends. ``functools.partial(os.pread, fd)`` is one; :class:`StreamReadAt` adapts a stream.
+ReadAt = Callable[[int, int], bytes]
+
+
+class StreamReadAt:
+    """A :data:`ReadAt` over a binary stream, for shards that are not local files.
+
+    The scanner asks for non-decreasing offsets when its look-ahead is one block, so a stream
+    that cannot seek is only ever read forward (gaps are read and dropped); a seekable stream is
+    positioned with ``seek`` when the offset differs from where it is.
+
+    Args:
+        stream: The stream, positioned at byte ``position`` of the shard.
+        position: The shard offset of the stream's current position.
+    """
+
+    __slots__ = ("_pos", "_read", "_stream")
+
+    def __init__(self, stream: io.BufferedIOBase, position: int = 0) -> None:
+        self._stream = stream
+        self._read = stream.read
+        self._pos = position
+
+    def __call__(self, n: int, offset: int) -> bytes:
+        if offset != self._pos:
+            self._move(offset)
+        data = self._read(n)
+        self._pos = offset + len(data)
+        return data
+
+    def _move(self, offset: int) -> None:
+        stream = self._stream
+        if stream.seekable():
+            stream.seek(offset)
+            self._pos = offset
+            return
+        if offset < self._pos:
+            raise ValueError(
+                f"cannot go back from byte {self._pos} to {offset} in a stream that cannot seek"
+            )
+        while self._pos < offset:
+            chunk = self._read(min(offset - self._pos, 1 << 20))
+            if not chunk:
+                return  # the shard ended; the read that follows comes back short
+            self._pos += len(chunk)
+
+
+def stream_size(stream: io.BufferedIOBase) -> int | None:
+    """The size of a seekable stream's object in bytes (its position is kept), else ``None``."""
+    if not stream.seekable():
+        return None
+    here = stream.tell()
+    size = stream.seek(0, io.SEEK_END)
+    stream.seek(here)
+    return size
+
+
+def _read_fully(read_at: ReadAt, n: int, offset: int, first: bytes) -> bytes:
+    """``first`` (a short read of ``n`` bytes at ``offset``) completed with further reads."""
+    parts = [first]
+    got = len(first)
+    while got < n:
+        more = read_at(n - got, offset + got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
 def scan(
-    read: Callable[[int], bytes],
-    skip: Callable[[int], int],
+    read_at: ReadAt,
+    size: int,
     url: str,
     *,
     start: int = 0,
     want_data: bool = True,
+    lookahead: int = BLOCK,
 ) -> Iterator[Member | Bad]:
-    """Yield the members of a tar stream in order (see :data:`Member`), and :class:`Bad` for
-    each problem found.
+    """Yield the members of a tar shard in order (see :data:`Member`), and :class:`Bad` for each
+    problem found.
 
     Args:
-        read: ``read(n)`` returns up to ``n`` bytes (fewer only at the end of the stream).
-        skip: ``skip(n)`` advances ``n`` bytes and returns how many were skipped.
+        read_at: Reads the shard by offset (see :data:`ReadAt`).
+        size: The shard's size in bytes.
         url: The shard URL, for messages.
-        start: Byte offset of the stream's position within the shard (a header boundary).
+        start: Byte offset to start at (a header boundary).
         want_data: Read regular members' data; else skip over it (``data`` is ``None``).
+        lookahead: The most bytes read at a time where headers are expected (at least one
+            block). Headers and members of at most ``min(lookahead, 8 KiB)`` bytes come out of
+            such a window, whose size adapts to the run of headers and small members between
+            large members; a large member's data is read on its own, with exactly its size, so
+            its bytes are copied once. With one block (the default), offsets never decrease, so
+            a forward-only stream works.
 
     Scanning ends at the first zero block (end of archive). After a header with a bad checksum
     the scanner looks for the next valid ustar header block by block and continues from there
@@ -345,18 +397,45 @@ def scan(
     """
     adler = zlib.adler32
     cache_get = _CHK_CACHE.get
+    max_look = max(lookahead, BLOCK)
+    small = min(SMALL_MEMBER, max_look)  # members up to this size are read with what follows
+    look = min(max_look, 4 * BLOCK)  # the window size; adapts to the runs between large members
+    run_start = start  # where the bytes after the last large member begin
     pos = start
+    win = b""  # the shard's bytes [win_start, win_start + len(win))
+    win_start = start
     long_name: bytes | None = None
     pax: dict[bytes, bytes] = {}
     global_pax: dict[bytes, bytes] = {}
     meta_offset: int | None = None  # offset of the first pax/GNU block of the pending member
-    hdr = read(BLOCK)
+
+    def fetch(n: int, offset: int) -> bytes:
+        """``n`` bytes at ``offset`` from the window or a read; shorter only at the end."""
+        nonlocal win, win_start
+        rel = offset - win_start
+        if rel >= 0 and rel + n <= len(win):
+            return win[rel : rel + n]
+        if offset >= size:
+            return b""
+        win = read_at(max(n, look), offset)
+        win_start = offset
+        if len(win) < n and offset + len(win) < size:
+            win = _read_fully(read_at, min(n, size - offset), offset, win)
+        return win[:n] if len(win) > n else win
+
     while True:
-        if len(hdr) != BLOCK:
-            yield _truncated(
-                url, pos, "inside a header block" if hdr else "without the end-of-archive blocks"
-            )
-            return
+        rel = pos - win_start
+        if rel + BLOCK <= len(win) and rel >= 0:
+            hdr = win[rel : rel + BLOCK]
+        else:
+            hdr = fetch(BLOCK, pos)
+            if len(hdr) != BLOCK:
+                yield _truncated(
+                    url,
+                    pos,
+                    "inside a header block" if hdr else "without the end-of-archive blocks",
+                )
+                return
         chk = hdr[148:156]
         expected = cache_get(chk)
         if expected is None:
@@ -379,8 +458,8 @@ def scan(
             # Resynchronise: the next block that is a valid ustar header, or the end.
             zeros = 0
             while True:
-                hdr = read(BLOCK)
                 pos += BLOCK
+                hdr = fetch(BLOCK, pos)
                 if len(hdr) < BLOCK:
                     if zeros >= 2 and not hdr:
                         return
@@ -405,13 +484,13 @@ def scan(
 
         typeflag = hdr[156]
         try:
-            size = int(hdr[124:135], 8) if hdr[135] in (0, 32) else parse_octal(hdr[124:136])
+            msize = int(hdr[124:135], 8) if hdr[135] in (0, 32) else parse_octal(hdr[124:136])
         except ValueError:
             try:
-                size = parse_octal(hdr[124:136])
+                msize = parse_octal(hdr[124:136])
             except ValueError:
-                size = -1
-        if size < 0:
+                msize = -1
+        if msize < 0:
             yield Bad(
                 CorruptDataError(
                     f"tar header has an invalid size field {hdr[124:136]!r}", url=url, offset=pos
@@ -421,14 +500,14 @@ def scan(
             return
         if typeflag in _META_FLAGS:
             # Metadata for the next member: pax extended/global header, GNU long name/link.
-            padded = size + (-size % BLOCK)
-            body = read(padded)
+            padded = msize + (-msize % BLOCK)
+            body = fetch(padded, pos + BLOCK)
             if len(body) < padded:
                 yield _truncated(url, pos, f"inside a {chr(typeflag)!r} extension header")
                 return
             if meta_offset is None:
                 meta_offset = pos
-            body = body[:size]
+            body = body[:msize]
             if typeflag == 0x4C:  # "L"
                 long_name = body.split(b"\0", 1)[0]
             elif typeflag != 0x4B:  # "x" or "g"; "K" (GNU long link name) is not needed
@@ -448,7 +527,6 @@ def scan(
                 else:
                     global_pax.update(records)
             pos += BLOCK + padded
-            hdr = read(BLOCK)
             continue
 
         if meta_offset is None and not global_pax:
@@ -476,10 +554,10 @@ def scan(
                 name = _decode(raw)
             if b"size" in eff:
                 try:
-                    size = int(eff[b"size"])
+                    msize = int(eff[b"size"])
                 except ValueError:
-                    size = -1
-                if size < 0:
+                    msize = -1
+                if msize < 0:
                     yield Bad(
                         CorruptDataError(
                             f"pax size record {eff[b'size']!r} is not a number",
@@ -493,44 +571,55 @@ def scan(
 
         data_offset = pos + BLOCK
         if typeflag in _REGULAR_FLAGS and not (typeflag == 0 and name.endswith("/")):
-            pad = -size % BLOCK
             if want_data:
-                data = read(size)
-                if len(data) < size:
+                rel = data_offset - win_start
+                pad = -msize % BLOCK
+                if rel + msize <= len(win):
+                    data = win[rel : rel + msize]
+                elif msize <= small:
+                    # Grow the window so that next time it covers this member and the header
+                    # after it, and read them now.
+                    need = data_offset + msize + pad + BLOCK - run_start
+                    if need > look:
+                        look = min(max_look, need)
+                    data = fetch(msize, data_offset)
+                else:
+                    # A large member: its data alone, then a window sized for the run before it.
+                    need = data_offset - run_start
+                    look = need if need >= look else max(need, look - BLOCK)
+                    if look > max_look:
+                        look = max_look
+                    run_start = data_offset + msize + pad
+                    data = read_at(msize, data_offset) if data_offset < size else b""
+                    if len(data) < msize and data_offset + len(data) < size:
+                        data = _read_fully(read_at, msize, data_offset, data)
+                if len(data) < msize:
                     yield _truncated(
                         url,
                         data_offset + len(data),
-                        f"inside member {name!r}, which declares {size} bytes at byte offset "
-                        f"{data_offset}",
+                        f"inside member {name!r}, which declares {msize} bytes at byte "
+                        f"offset {data_offset}",
                     )
                     return
-                if pad:
-                    nxt = read(pad + BLOCK)
-                    hdr = nxt[pad:] if len(nxt) >= pad else b""
-                else:
-                    hdr = read(BLOCK)
-                yield (name, REGULAR, "regular file", header_offset, data_offset, size, data)
-                pos = data_offset + size + pad
+                pos = data_offset + msize + pad
+                yield (name, REGULAR, "regular file", header_offset, data_offset, msize, data)
                 continue
-            kind, type_name, size_on_disk = REGULAR, "regular file", size
+            kind, type_name, size_on_disk = REGULAR, "regular file", msize
         elif typeflag in (0x35, 0, 0x56):  # "5", an old-style "name/", "V" (GNU volume label)
             kind, type_name = DIRECTORY, "volume label" if typeflag == 0x56 else "directory"
-            size_on_disk = 0 if typeflag == 0x35 else size
+            size_on_disk = 0 if typeflag == 0x35 else msize
         else:
             kind = OTHER
             flag = bytes((typeflag,))
             type_name = _TYPE_NAMES.get(flag, f"entry of unknown type {flag!r}")
             # As POSIX and Python's tarfile: links, devices and FIFOs store no data.
-            size_on_disk = 0 if typeflag in _NO_DATA_FLAGS else size
-        pad = -size_on_disk % BLOCK
-        skipped = skip(size_on_disk + pad) if size_on_disk + pad else 0
-        if skipped < size_on_disk:
+            size_on_disk = 0 if typeflag in _NO_DATA_FLAGS else msize
+        if data_offset + size_on_disk > size:
             yield _truncated(
                 url,
-                data_offset + skipped,
-                f"inside member {name!r} (declared size {size} at byte offset {data_offset})",
+                size,
+                f"inside member {name!r} (declared size {msize} at byte offset {data_offset})",
             )
             return
-        hdr = read(BLOCK) if skipped == size_on_disk + pad else b""
-        yield (name, kind, type_name, header_offset, data_offset, size, None)
-        pos = data_offset + size_on_disk + pad
+        yield (name, kind, type_name, header_offset, data_offset, msize, None)
+        pos = data_offset + size_on_disk + (-size_on_disk % BLOCK)

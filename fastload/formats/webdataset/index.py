@@ -10,19 +10,19 @@ one line per sample, components in tar order. See this package's ``README.md`` f
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from fastload.errors import FormatError
+from fastload.formats.webdataset._source import open_shard
 from fastload.formats.webdataset._tar import (
     BLOCK,
     DIRECTORY,
     REGULAR,
     Bad,
+    ReadAt,
     scan,
     split_member_name,
-    stream_skipper,
     unsafe_name_reason,
 )
 from fastload.storage import Store
@@ -132,18 +132,19 @@ def parse_index(
     return out
 
 
-def index_components(stream: io.BufferedIOBase, url: str) -> list[list[Component]]:
-    """Scan a tar stream's headers (skipping data) into index samples.
+def index_components(
+    read_at: ReadAt, size: int, url: str, *, lookahead: int = BLOCK
+) -> list[list[Component]]:
+    """Scan a tar shard's headers (skipping data) into index samples.
 
     Raises:
         CorruptDataError: The tar is truncated or has a corrupt header.
         FormatError: A member is not a regular file, has an unsafe path, or has a name with
             whitespace, which the index format cannot represent.
     """
-    skip = stream_skipper(stream)
     samples: list[list[Component]] = []
     last: str | None = None
-    for item in scan(stream.read, skip, url, want_data=False):
+    for item in scan(read_at, size, url, want_data=False, lookahead=lookahead):
         if isinstance(item, Bad):
             raise item.error
         name, kind, type_name, header_offset, data_offset, size, _ = item
@@ -193,6 +194,6 @@ def build_index(store: Store, key: str) -> bytes:
         ObjectNotFoundError: No shard under ``key``.
     """
     url = store.child_url(key)
-    with store.open_reader(key) as stream:
-        samples = index_components(stream, url)
+    with open_shard(store, key) as (read_at, size, lookahead):
+        samples = index_components(read_at, size, url, lookahead=lookahead)
     return format_index(samples)

@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator
 from typing import Any
 
 from fastload.errors import CorruptDataError, FormatError, MissingIndexError, ObjectNotFoundError
 from fastload.formats._base import OnError, ShardReader
+from fastload.formats.webdataset._source import open_shard
 from fastload.formats.webdataset._tar import (
     BLOCK,
     DIRECTORY,
     REGULAR,
     Bad,
+    Member,
     checksum_ok,
     parse_octal,
     scan,
     split_member_name,
-    stream_skipper,
     unsafe_name_reason,
 )
 from fastload.formats.webdataset.index import Component, parse_index
@@ -214,17 +214,11 @@ class WebDatasetReader(ShardReader):
         return self._stream(last.offset + last.size + (-last.size % BLOCK), start)
 
     def _stream(self, offset: int, first: int) -> Iterator[dict[str, Any]]:
-        with self.store.open_reader(self.key) as stream:
-            if offset:
-                if stream.seekable():
-                    stream.seek(offset)
-                else:
-                    stream_skipper(stream)(offset)
-            yield from self._samples(stream, offset, first)
+        with open_shard(self.store, self.key) as (read_at, size, lookahead):
+            members = scan(read_at, size, self.url, start=offset, lookahead=lookahead)
+            yield from self._samples(members, first)
 
-    def _samples(
-        self, stream: io.BufferedIOBase, offset: int, first: int
-    ) -> Iterator[dict[str, Any]]:
+    def _samples(self, members: Iterator[Member | Bad], first: int) -> Iterator[dict[str, Any]]:
         url = self.url
         policy = self.policy
         raise_now = policy.on_error == "raise"
@@ -233,7 +227,7 @@ class WebDatasetReader(ShardReader):
         bad: CorruptDataError | None = None  # why the current sample will be dropped
         lost: CorruptDataError | None = None  # a member before the next one was lost
         position = first - 1
-        for item in scan(stream.read, stream_skipper(stream), url, start=offset):
+        for item in members:
             if isinstance(item, Bad):
                 if raise_now:
                     raise item.error
