@@ -358,6 +358,93 @@ def child_single_core(cfg: dict[str, Any], workload: str, variant: str = "") -> 
     return {"samples": len(datas), "seconds": dt}
 
 
+def _dali_single(batch: int) -> Callable[[list[bytes]], Any]:
+    """DALI CPU fused crop-decode + resize + flip + normalize with one thread, fed the same bytes."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    @pipeline_def(batch_size=batch, num_threads=1, device_id=None, seed=0, prefetch_queue_depth=1)  # type: ignore[misc]
+    def pipe() -> Any:
+        jpegs = fn.external_source(name="jpegs", dtype=types.UINT8, ndim=1)
+        images = fn.decoders.image_random_crop(
+            jpegs,
+            device="cpu",
+            output_type=types.RGB,
+            random_area=[0.08, 1.0],
+            random_aspect_ratio=[3 / 4, 4 / 3],
+        )
+        images = fn.resize(images, resize_x=224, resize_y=224)
+        return fn.crop_mirror_normalize(
+            images,
+            dtype=types.FLOAT,
+            output_layout="CHW",
+            mean=[m * 255 for m in MEAN],
+            std=[s * 255 for s in STD],
+            mirror=fn.random.coin_flip(probability=0.5),
+        )
+
+    p = pipe()
+    p.build()
+
+    def run(datas: list[bytes]) -> Any:
+        p.feed_input("jpegs", [np.frombuffer(d, np.uint8) for d in datas])
+        (out,) = p.run()
+        return np.array(out.as_tensor())
+
+    return run
+
+
+def transforms_comparison(cfg: dict[str, Any], blocks: int) -> dict[str, float]:
+    """Single-core rates of decoders and train transforms, interleaved block by block in one
+    process so that load changes on a shared machine hit every variant alike."""
+    import simplejpeg
+    import torch
+    from PIL import Image
+
+    from fastload.loader.transforms import ImageTrainTransform, sample_rng
+
+    torch.set_num_threads(1)
+    files = Corpus(Path(cfg["root"]), cfg["count"]).files()
+    block = 32
+    datas = [Path(p).read_bytes() for p, _ in files[: block * blocks]]
+    fused = ImageTrainTransform()
+    fused_float = ImageTrainTransform(normalize_on="sample")
+    fused_nodct = ImageTrainTransform(dct_scaling=False)
+
+    def per_image(fn: Callable[[bytes, int], Any]) -> Callable[[list[bytes], int], Any]:
+        return lambda ds, base: [fn(d, base + i) for i, d in enumerate(ds)]
+
+    def fused_batch(ds: list[bytes], base: int) -> Any:
+        return fused.batch_transform(
+            torch.stack([fused(d, sample_rng(0, 0, base + i)) for i, d in enumerate(ds)])
+        )
+
+    def nodct_batch(ds: list[bytes], base: int) -> Any:
+        return fused_nodct.batch_transform(
+            torch.stack([fused_nodct(d, sample_rng(0, 0, base + i)) for i, d in enumerate(ds)])
+        )
+
+    variants: dict[str, Callable[[list[bytes], int], Any]] = {
+        "decode-pil": per_image(lambda d, i: Image.open(io.BytesIO(d)).convert("RGB")),
+        "decode-simplejpeg": per_image(lambda d, i: simplejpeg.decode_jpeg(d, colorspace="RGB")),
+        "pil-rrc-float": per_image(lambda d, i: pil_train(d, sample_rng(0, 0, i))),
+        "fused-uint8+batch-normalize": fused_batch,
+        "fused-uint8-no-dct-scaling": nodct_batch,
+        "fused-float-per-sample": per_image(lambda d, i: fused_float(d, sample_rng(0, 0, i))),
+    }
+    try:
+        variants["dali-1-thread"] = (lambda run: lambda ds, base: run(ds))(_dali_single(block))
+    except ImportError:
+        pass
+    spent = dict.fromkeys(variants, 0.0)
+    for k in range(blocks):
+        chunk = datas[k * block : (k + 1) * block]
+        for name, fn in variants.items():
+            t0 = time.perf_counter()
+            fn(chunk, k * block)
+            spent[name] += time.perf_counter() - t0
+    return {name: len(datas) / t for name, t in spent.items()}
+
+
 CHILDREN: dict[str, Callable[..., dict[str, float]]] = {
     "pagecache": child_pagecache,
     "fastload": child_fastload,
@@ -480,6 +567,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--root", default=None, help=f"corpus cache (default {DEFAULT_ROOT})")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--prep-litdata", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--transforms",
+        action="store_true",
+        help="only compare decoders and train transforms on one core, interleaved",
+    )
     args = parser.parse_args(argv)
 
     if args.prep_litdata:
@@ -499,6 +591,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     count = args.count or (2000 if quick else 10_000)
     rounds = args.rounds or (2 if quick else 3)
     corpus = ensure_corpus(count, None if args.root is None else Path(args.root) / "w1")
+    if args.transforms:
+        rates = transforms_comparison(
+            {"root": str(corpus.root), "count": count}, 6 if quick else 20
+        )
+        base = rates["pil-rrc-float"]
+        print(f"{'single core, interleaved':30s} {'img/s':>7s} {'vs PIL RRC':>10s}")
+        for name, rate in rates.items():
+            print(f"{name:30s} {rate:7.0f} {rate / base:9.2f}x")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"single_core": rates}, indent=2))
+        return 0
     folder = corpus.folder()
     nbytes = corpus.total_bytes()
     mean_kb = nbytes / count / 1e3

@@ -6,8 +6,9 @@ Two ways to build an image pipeline:
   JPEG bytes* (use ``Decoder(image="bytes")``). They read the image size from the JPEG header,
   choose the crop, and let libjpeg-turbo decode at the smallest DCT scale (1/8 .. 8/8) that still
   gives at least ``size`` pixels across the crop, so large crops of large images decode 2-4x fewer
-  pixels. The crop is resized with Pillow's antialiased filter straight from the decoded buffer
-  (no intermediate crop copy). Output is ``uint8`` CHW by default (150 KB per 224² sample instead
+  pixels (on 500x375 photos with the default scale range, 20 % fewer on average). The crop is a
+  view of the decoded buffer, resized by torch's uint8 antialiased-bilinear kernel (the same filter
+  as Pillow's, 3-4x faster, and it writes CHW directly). Output is ``uint8`` CHW by default (150 KB per 224² sample instead
   of 600 KB of float32), so moving samples between worker processes is cheap; normalization to
   float runs later on the whole batch (``normalize_on="batch"``), in the main process or on the GPU.
 * **Composable**: :class:`RandomResizedCrop`, :class:`RandomHorizontalFlip`, :class:`CenterCrop`,
@@ -594,7 +595,8 @@ class ImageTrainTransform(_FusedJpegTransform):
             ``"sample"``: output normalized float32 ``(C, H, W)`` tensors.
         dct_scaling: Decode JPEGs at reduced DCT scale when the crop allows (default True);
             False always decodes the full resolution.
-        interpolation: Pillow resize filter; antialiased bilinear by default.
+        interpolation: Resize filter; antialiased bilinear by default (torch's uint8 kernel);
+            other filters use Pillow's resize (slower).
         field: With sample dicts, the one field to transform (default: every image field).
 
     Input: encoded bytes (fastest for JPEG; other formats are fully decoded with Pillow), or a

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -329,3 +330,45 @@ def test_without_seed_metadata_draws_follow_numpy_global_seed(photo_jpeg: bytes)
     for x, y in zip(a, b):
         torch.testing.assert_close(x, y)
     assert not torch.equal(a[0], a[1])
+
+
+def test_with_fastload_loader(tmp_path: Path) -> None:
+    """Decoder(image="bytes") + ImageTrainTransform through open_dataset and fastload.DataLoader:
+    uint8 CHW batches, normalized by batch_transform, reproducible for a seed and epoch."""
+    import fastload.convert
+    import fastload.loader as fl
+    from fastload.loader.decode import Decoder
+
+    src = tmp_path / "images"
+    for i in range(12):
+        (src / f"c{i % 3}").mkdir(parents=True, exist_ok=True)
+        (src / f"c{i % 3}" / f"img{i:02d}.jpg").write_bytes(_jpeg(_photo(60 + i, 80, seed=i)))
+    fastload.convert.convert(
+        str(src), str(tmp_path / "ds"), format="webdataset", workers=1, quiet=True
+    )
+    tf = ImageTrainTransform(size=32)
+
+    def run(epoch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        ds = fl.open_dataset(
+            str(tmp_path / "ds"),
+            seed=7,
+            decode=Decoder(image="bytes"),
+            transform=tf,
+            fields=("jpg", "cls"),
+        )
+        loader = fl.DataLoader(ds, batch_size=4, num_workers=0)
+        loader.set_epoch(epoch)
+        return list(loader)
+
+    first = run(0)
+    assert len(first) == 3
+    images, labels = first[0]
+    assert images.shape == (4, 3, 32, 32)
+    assert images.dtype == torch.uint8
+    assert labels.dtype == torch.int64
+    assert tf.batch_transform(images).dtype == torch.float32
+    again = run(0)
+    for (a, _), (b, _) in zip(first, again):
+        torch.testing.assert_close(a, b)
+    other = run(1)
+    assert any(not torch.equal(a, b) for (a, _), (b, _) in zip(first, other))
