@@ -1,0 +1,120 @@
+"""DALI's native readers over local fastload shards, and what their sharding guarantees.
+
+``fn.readers.webdataset`` and ``fn.readers.tfrecord`` read fastload shards directly, with the
+``.idx`` files fastload writes (byte-identical to DALI's ``wds2idx``/``tfrecord2idx``). DALI
+shards a dataset its own way, which cannot reproduce fastload's global order; this module holds
+the arithmetic of DALI's sharding so the loader can give exact guarantees about it.
+
+**DALI's sharding** (checked against DALI 2.4; tests in ``tests/dali/test_native.py``): the ``N``
+samples, in manifest order, are cut into ``W`` contiguous slices; slice ``s`` is
+``[floor(N s / W), floor(N (s+1) / W))``. With ``pad_last_batch=True`` every slice is padded, by
+repeating its last sample, to ``ceil(ceil(N / W) / B)`` batches of ``B``, so every rank reads the
+same number of batches. ``random_shuffle`` shuffles within a slice through a buffer of
+``initial_fill`` samples.
+
+**What fastload's native mode guarantees**: per epoch, rank ``r`` reads slice ``(r + epoch) mod
+W`` (``stick_to_shard=True``, so the slices rotate with *our* epoch number, not with DALI's
+internal counter), so every sample is delivered exactly once per epoch across ranks; every rank
+yields :attr:`NativePlan.num_steps` batches; the padding rows are cut off (the last batch of a
+rank may be smaller; a batch that would be padding only keeps one repeated row, counted in
+``stats()["padded"]``). With ``drop_last`` every rank yields ``floor(floor(N / W) / B)`` full
+batches and the rest of its slice is not delivered. The order within a slice is DALI's buffer
+shuffle, a function of (seed, epoch) for a given batch size and ``initial_fill``.
+
+**What it does not guarantee**: fastload's global order (samples never cross slices within an
+epoch, so mixing is per slice); resumption with another world size; an O(1) resume (a resumed
+epoch replays, and discards, the batches before the saved step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fastload.errors import InvalidArgumentError
+
+__all__ = ["NativePlan"]
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class NativePlan:
+    """One rank's view of one epoch under DALI's reader sharding (see module doc).
+
+    Attributes:
+        num_samples: ``N``.
+        world_size: ``W`` (DALI's ``num_shards``).
+        batch_size: ``B``.
+        rank: This rank.
+        epoch: The epoch (selects the slice: ``(rank + epoch) mod W``).
+        drop_last: Yield only full batches, the same number on every rank.
+    """
+
+    num_samples: int
+    world_size: int
+    batch_size: int
+    rank: int
+    epoch: int
+    drop_last: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_samples < self.world_size:
+            raise InvalidArgumentError(
+                f"DALI's native readers need at least one sample per rank, but the dataset has "
+                f"{self.num_samples} samples for {self.world_size} ranks; use reader='external'"
+            )
+
+    @property
+    def shard_id(self) -> int:
+        """DALI ``shard_id`` of this rank in this epoch."""
+        return (self.rank + self.epoch) % self.world_size
+
+    @property
+    def slice(self) -> tuple[int, int]:
+        """``[start, stop)`` of the samples (manifest order) this rank reads this epoch."""
+        n, w, s = self.num_samples, self.world_size, self.shard_id
+        return n * s // w, n * (s + 1) // w
+
+    @property
+    def slice_size(self) -> int:
+        """Real (not padding) samples this rank reads this epoch."""
+        start, stop = self.slice
+        return stop - start
+
+    @property
+    def num_steps(self) -> int:
+        """Batches every rank yields in the epoch."""
+        if self.drop_last:
+            return (self.num_samples // self.world_size) // self.batch_size
+        return _ceil_div(_ceil_div(self.num_samples, self.world_size), self.batch_size)
+
+    def real_rows(self, step: int) -> int:
+        """Rows of DALI batch ``step`` that are real samples (the rest repeat the last one)."""
+        if not 0 <= step < self.num_steps:
+            raise InvalidArgumentError(f"step must be in [0, {self.num_steps}), got {step}")
+        return max(0, min(self.batch_size, self.slice_size - step * self.batch_size))
+
+    def kept_rows(self, step: int) -> tuple[int, int]:
+        """``(rows to keep, of which padding)`` of batch ``step``: all real rows, or one padded
+        row when the batch is padding only (so that no rank yields an empty batch)."""
+        real = self.real_rows(step)
+        return (real, 0) if real else (1, 1)
+
+    @property
+    def dropped(self) -> int:
+        """Samples of the whole dataset not delivered in the epoch (``drop_last``)."""
+        if not self.drop_last:
+            return 0
+        return self.num_samples - self.num_steps * self.batch_size * self.world_size
+
+    def options(self) -> dict[str, Any]:
+        """Sharding keyword arguments for a DALI reader."""
+        return {
+            "shard_id": self.shard_id,
+            "num_shards": self.world_size,
+            "pad_last_batch": True,
+            "stick_to_shard": True,
+        }

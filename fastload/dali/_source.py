@@ -1,0 +1,203 @@
+"""The external-source feed: fastload's readers hand each rank's batches to DALI.
+
+:class:`BatchSource` is the callable given to ``fn.external_source(batch=True, batch_info=True,
+parallel=True)``. For DALI iteration ``i`` it produces the batch of global step
+``start_step + i`` of this rank: the epoch positions come from
+:meth:`~fastload.loader.Partition.rank_range` (padding repeats positions by
+:meth:`~fastload.loader.Partition.source_position`), the samples from the epoch's
+:class:`~fastload.loader.EpochOrder` — the same arithmetic as :class:`fastload.DataLoader`, so
+both deliver the same samples per rank and step. After the last step it raises ``StopIteration``,
+which ends DALI's epoch.
+
+It is a pure function of (dataset, partition, rank, epoch, start step, iteration): DALI may call
+it from any of its worker processes, in any order. It pickles by configuration (the dataset
+reopens its readers in each process), so ``fork`` and ``spawn`` both work.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from fastload.errors import FormatError, WorkerError
+from fastload.formats import decode_field
+from fastload.loader import Dataset, EpochOrder, Partition
+from fastload.loader._dataset import sample_nbytes
+
+__all__ = ["META_COLUMNS", "BatchSource", "FieldSpec", "plan_step"]
+
+IntArray = npt.NDArray[np.int64]
+
+#: Columns of the per-sample metadata output: dataset index, raw field bytes, 1 if padding.
+META_COLUMNS = ("index", "nbytes", "padded")
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """Which sample fields feed the pipeline: the image (first present of ``image``) and the label
+    (first present of ``label``), as in :func:`fastload.loader.to_tuple` (``"jpg;png"``)."""
+
+    image: tuple[str, ...]
+    label: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, fields: tuple[str, str] | list[str]) -> FieldSpec:
+        from fastload.errors import InvalidArgumentError
+
+        if isinstance(fields, str) or len(fields) != 2:
+            raise InvalidArgumentError(
+                f"fields must be (image field, label field), e.g. ('jpg;png', 'cls'), got {fields!r}"
+            )
+        image, label = (tuple(a.strip() for a in f.split(";") if a.strip()) for f in fields)
+        if not image or not label:
+            raise InvalidArgumentError(f"fields names must not be empty, got {fields!r}")
+        return cls(image, label)
+
+    @staticmethod
+    def pick(sample: dict[str, Any], names: tuple[str, ...]) -> tuple[str, Any] | None:
+        for name in names:
+            if name in sample:
+                return name, sample[name]
+        return None
+
+
+def plan_step(
+    partition: Partition, order: EpochOrder, step: int, rank: int
+) -> tuple[IntArray, npt.NDArray[np.bool_]]:
+    """Dataset indices of rank ``rank``'s batch at global ``step``, and which rows are padding."""
+    start, stop = partition.rank_range(step, rank)
+    n = partition.num_samples
+    positions = np.arange(start, stop, dtype=np.int64)
+    pad = positions >= n
+    if pad.any():
+        positions[pad] = (positions[pad] - n) % n
+    return order.indices(positions), pad
+
+
+class BatchSource:
+    """``fn.external_source`` callable: the batches of one rank for one epoch (see module doc).
+
+    Returns, per batch, three lists with one entry per delivered sample: encoded image bytes
+    (uint8, 1-D), the label (int64, shape ``(1,)``) and metadata (int64 ``[index, nbytes,
+    padded]``). Samples skipped as corrupt (``on_error="skip"``/``"warn"``) are left out.
+
+    Args:
+        dataset: The fastload dataset (order options and error policy come from it).
+        partition: The epoch's partition (world size, batch size, remainder policy).
+        rank: This rank.
+        epoch: The epoch.
+        start_step: Global step of DALI iteration 0 (resumption).
+        fields: The image and label fields.
+        io_threads: Threads reading one batch's samples concurrently (0 = sequential); helps
+            with remote stores, where reads wait on the network.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        partition: Partition,
+        *,
+        rank: int,
+        epoch: int,
+        start_step: int,
+        fields: FieldSpec,
+        io_threads: int = 0,
+    ) -> None:
+        self.dataset = dataset
+        self.partition = partition
+        self.rank = rank
+        self.epoch = epoch
+        self.start_step = start_step
+        self.fields = fields
+        self.io_threads = io_threads
+        self._order: EpochOrder | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_order"] = None
+        state["_pool"] = None
+        state["_pid"] = -1
+        return state
+
+    def _setup(self) -> EpochOrder:
+        if self._pid != os.getpid() or self._order is None:
+            self._pid = os.getpid()
+            self._order = self.dataset.order(self.epoch)
+            self._pool = ThreadPoolExecutor(self.io_threads) if self.io_threads > 0 else None
+        return self._order
+
+    def plan(self, step: int) -> tuple[IntArray, npt.NDArray[np.bool_]]:
+        """Dataset indices and padding flags of this rank's batch at global ``step``."""
+        return plan_step(self.partition, self._setup(), step, self.rank)
+
+    def __call__(self, info: Any) -> tuple[list[Any], list[Any], list[Any]]:
+        step = self.start_step + int(info.iteration)
+        if step >= self.partition.num_steps:
+            raise StopIteration
+        indices, pad = self.plan(step)
+        ds = self.dataset
+        shards, positions = ds.locate(indices)
+        items = [(int(s), int(p)) for s, p in zip(shards.tolist(), positions.tolist())]
+        where = f"rank {self.rank}, epoch {self.epoch}, global step {step}"
+        if self._pool is not None and len(items) > 1:
+            raws = list(self._pool.map(lambda sp: self._read(sp, where), items))
+        else:
+            raws = [self._read(sp, where) for sp in items]
+        images: list[Any] = []
+        labels: list[Any] = []
+        metas: list[Any] = []
+        for i, raw in enumerate(raws):
+            if raw is None:
+                continue
+            shard, pos = items[i]
+            key = raw.get("__key__")
+            image = FieldSpec.pick(raw, self.fields.image)
+            label = FieldSpec.pick(raw, self.fields.label)
+            if image is None or label is None:
+                missing = self.fields.image if image is None else self.fields.label
+                raise WorkerError(
+                    f"{where}: {ds.describe(shard, pos, key)} has none of the fields "
+                    f"{'/'.join(missing)} (it has {sorted(k for k in raw if not k.startswith('__'))});"
+                    " pass fields=(image, label) naming fields the dataset has"
+                )
+            images.append(np.frombuffer(image[1], dtype=np.uint8))
+            labels.append(self._label(label[0], label[1], ds.describe(shard, pos, key)))
+            metas.append(
+                np.array([int(indices[i]), sample_nbytes(raw), int(pad[i])], dtype=np.int64)
+            )
+        return images, labels, metas
+
+    def _read(self, item: tuple[int, int], where: str) -> dict[str, Any] | None:
+        shard, pos = item
+        try:
+            return self.dataset.read_raw(shard, pos)
+        except FormatError:
+            raise
+        except Exception as exc:
+            raise WorkerError(
+                f"{where}: reading {self.dataset.describe(shard, pos)} failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+    @staticmethod
+    def _label(name: str, data: bytes, where: str) -> Any:
+        try:
+            value = decode_field(name, bytes(data))
+            arr = np.asarray(value, dtype=np.int64).reshape(-1)
+        except (FormatError, TypeError, ValueError) as exc:
+            raise WorkerError(
+                f"label field {name!r} of {where} is not an integer ({exc}); DALI pipelines take "
+                "integer labels (cls fields); choose another field with fields=(image, label)"
+            ) from exc
+        if arr.size != 1:
+            raise WorkerError(
+                f"label field {name!r} of {where} holds {arr.size} values; one integer expected"
+            )
+        return arr
