@@ -43,6 +43,7 @@ from fastload.errors import (
     InvalidRangeError,
     ObjectNotFoundError,
     ReadOnlyStoreError,
+    StoreError,
 )
 from fastload.storage import ByteRange, MemoryStore, ObjectMeta, ObjectWriter, Store
 
@@ -420,8 +421,20 @@ class StoreTests:
         errors: list[str] = []
 
         def reader() -> None:
+            transient = 0
             while not done.is_set() or not seen:
-                data = store.get("atomic")
+                try:
+                    data = store.get("atomic")
+                except StoreError as exc:
+                    # A remote store may answer "try again"; that is allowed, within reason.
+                    transient += 1
+                    if exc.retryable and transient < 1000:
+                        continue
+                    errors.append(f"get failed during overwrites: {exc!r}")
+                    return
+                except Exception as exc:
+                    errors.append(f"get failed during overwrites: {exc!r}")
+                    return
                 v = data[0] if data else -1
                 if v < 1 or data != versions[v - 1]:
                     errors.append(f"partial or mixed object: {len(data)} bytes, first byte {v}")
@@ -436,6 +449,7 @@ class StoreTests:
         finally:
             done.set()
             thread.join(60)
+        assert not thread.is_alive(), "the reader thread hangs"
         assert not errors, errors[0]
         assert seen
         assert store.get("atomic") == versions[-1]
