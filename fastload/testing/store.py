@@ -12,6 +12,15 @@ writable store over a fresh, *empty* namespace for each test (a temporary direct
         def read_only_view(self, store):
             return LocalStore(store.root, read_only=True)
 
+A remote backend gives each test its own prefix and cleans up after it, e.g.::
+
+    class TestS3Store(StoreTests):
+        @pytest.fixture
+        def store(self, s3_bucket):
+            store = S3Store(f"s3://{s3_bucket}/test-{uuid.uuid4().hex}", endpoint_url=...)
+            yield store
+            store.delete_many(store.list_keys())
+
 What a backend cannot do it declares with the store's capability flags
 (``supports_listing``, ``shared_across_processes``, ...); the tests that need a capability skip
 when the flag is off. Never disable a test of this suite by overriding it.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fastload.storage import LimitStore, LocalStore, MemoryStore, RetryStore, Store
+from fastload.storage import LimitStore, LocalStore, MemoryStore, RetryStore, Store, WrapperStore
 from fastload.testing.store import StoreTests
 
 
@@ -74,3 +74,16 @@ class TestRetryOverLimitOverLocal(StoreTests):
         local = store.inner.inner
         assert isinstance(local, LocalStore)
         return RetryStore(LimitStore(LocalStore(local.root, read_only=True), max_concurrency=2))
+
+
+class TestPlainWrapperOverLocal(StoreTests):
+    """A wrapper that overrides nothing is indistinguishable from the store it wraps."""
+
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> Store:
+        return WrapperStore(LocalStore(tmp_path / "root"))
+
+    def read_only_view(self, store: Store) -> Store | None:
+        assert isinstance(store, WrapperStore)
+        assert isinstance(store.inner, LocalStore)
+        return WrapperStore(LocalStore(store.inner.root, read_only=True))
