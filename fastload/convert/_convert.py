@@ -54,7 +54,7 @@ from fastload.errors import (
 )
 from fastload.formats import MANIFEST_NAME, Manifest, ShardEntry, ShardInfo, get_format
 from fastload.formats._base import FORMATS
-from fastload.formats._sample import KEY, encode_sample
+from fastload.formats._sample import KEY
 from fastload.formats.manifest import read_manifest, write_manifest
 from fastload.storage import MemoryStore, Store, open_store
 
@@ -291,19 +291,28 @@ def _write_shard(job: _ShardJob) -> dict[str, Any]:
                 if sample is None:
                     dropped += 1
                     continue
-            try:
-                encoded = encode_sample(sample)  # type: ignore[arg-type]
-            except (InvalidArgumentError, TypeError) as exc:
-                fail(unit, _describe(exc), exc)
+            if not isinstance(sample, Mapping):
+                fail(
+                    unit,
+                    f"the map function returned a {type(sample).__name__}, not a sample "
+                    "dict or None",
+                    None,
+                )
                 continue
-            key = str(encoded[KEY])
-            if key in keys:
+            key = sample.get(KEY)
+            if isinstance(key, str) and key in keys:
                 fail(unit, f"sample key {key!r} is already used by {keys[key]} in this shard", None)
                 continue
-            keys[key] = unit.item
-            writer.write(encoded)
+            before = writer.num_bytes
+            try:
+                # Writers validate a sample completely before writing any of it.
+                writer.write(sample)
+            except InvalidArgumentError as exc:
+                fail(unit, _describe(exc), exc)
+                continue
+            keys[str(key)] = unit.item
             pending_samples += 1
-            pending_bytes += sum(len(v) for k, v in encoded.items() if k != KEY)
+            pending_bytes += writer.num_bytes - before
             if pending_samples >= 64:
                 _COUNTERS.add(pending_samples, pending_bytes)
                 pending_samples = pending_bytes = 0

@@ -15,8 +15,9 @@ one. Hidden files and directories (a path segment starting with ``.``) are ignor
 
 Sample keys and field names (documented in ``fastload/convert/README.md``):
 
-* **Keys** must not contain ``.`` in their last path segment (WebDataset splits member names there):
-  :func:`sanitize_key` replaces such dots, and NUL / line breaks anywhere, with ``_``. Two items
+* **Keys** must not contain ``.`` in their last path segment (WebDataset splits member names there)
+  nor whitespace (DALI's index format cannot hold it): :func:`sanitize_key` replaces such dots, and
+  NUL and whitespace anywhere, with ``_``. Two items
   that end up with the same key are a *collision*: an error naming both items (skippable).
 * **Field names** from file extensions are lower-cased, and ``jpeg`` becomes ``jpg``.
 * **Field values** from structured records (JSON, CSV, Parquet) become bytes by type: bytes stay as
@@ -60,6 +61,7 @@ __all__ = [
     "Unit",
     "detect_source_type",
     "field_value_bytes",
+    "list_visible",
     "open_source",
     "sanitize_field_name",
     "sanitize_key",
@@ -110,10 +112,11 @@ ItemError = ConversionError
 
 
 def sanitize_key(key: str) -> str:
-    """Make ``key`` a valid sample key: in its last ``/`` segment every ``.`` becomes ``_``;
-    NUL, CR and LF become ``_`` everywhere. Deterministic; other characters are kept."""
-    for bad in ("\x00", "\r", "\n"):
-        key = key.replace(bad, "_")
+    """Make ``key`` a valid sample key for every format: in its last ``/`` segment every ``.``
+    becomes ``_`` (WebDataset splits member names at dots); NUL and whitespace (DALI's index format
+    cannot hold it) become ``_`` everywhere. Deterministic; other characters are kept."""
+    if not key.isprintable() or " " in key:
+        key = "".join("_" if (c.isspace() or c == "\x00") else c for c in key)
     head, sep, last = key.rpartition("/")
     return head + sep + last.replace(".", "_")
 
@@ -194,12 +197,21 @@ class Source(ABC):
         self.keys = list(keys) if keys is not None else None
         self.options = dict(options)
         self._metadata: dict[str, Any] = {}
+        self._listing: list[ObjectMeta] | None = None
 
     def listing(self) -> list[ObjectMeta]:
-        """The visible objects of the corpus, sorted by key."""
-        if self.keys is not None:
-            return [self.store.head(k) for k in self.keys]
-        return [m for m in self.store.list("") if _visible(m.key)]
+        """The visible objects of the corpus, sorted by key (listed once, then cached)."""
+        if self._listing is None:
+            if self.keys is not None:
+                self._listing = [self.store.head(k) for k in self.keys]
+            else:
+                self._listing = list_visible(self.store)
+        return self._listing
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_listing"] = None  # workers never need it; keep task pickles small
+        return state
 
     @abstractmethod
     def plan_units(self, report: PlanReporter) -> list[Unit]:
@@ -832,7 +844,14 @@ _RECORD_TYPES = (
 )
 
 
-def detect_source_type(store: Store, keys: Sequence[str] | None = None) -> str:
+def list_visible(store: Store) -> list[ObjectMeta]:
+    """Every visible object of ``store`` (no hidden path segment, not our own state), sorted."""
+    return [m for m in store.list("") if _visible(m.key)]
+
+
+def detect_source_type(
+    store: Store, keys: Sequence[str] | None = None, listing: Sequence[ObjectMeta] | None = None
+) -> str:
     """Guess the source type of a corpus (see ``fastload/convert/README.md``).
 
     Order: a ``fastload.json`` → ``shards``; all files JSONL / text / CSV / Parquet → that type;
@@ -844,7 +863,10 @@ def detect_source_type(store: Store, keys: Sequence[str] | None = None) -> str:
     """
     if keys is None and store.exists(MANIFEST_NAME):
         return "shards"
-    names = list(keys) if keys is not None else [m.key for m in store.list("") if _visible(m.key)]
+    if keys is not None:
+        names = list(keys)
+    else:
+        names = [m.key for m in (listing if listing is not None else list_visible(store))]
     if not names:
         raise InvalidArgumentError(
             f"no input files in {store.url} (empty input; hidden files are ignored)"
@@ -895,13 +917,15 @@ def open_source(
                 raise ObjectNotFoundError(f"conversion source {text} does not exist", url=text)
         else:
             store = open_store(text, **options)
-    name = source_type or detect_source_type(store, keys)
+    listing = list_visible(store) if keys is None else None
+    name = source_type or detect_source_type(store, keys, listing)
     cls = SOURCES.load(name)
     canonical = SOURCES.canonical(name)
     extra: dict[str, Any] = {}
     if cls is ShardSource and canonical == "shards" and name.lower() in _FORMAT_ALIASES:
         extra["format"] = _FORMAT_ALIASES[name.lower()]
     source: Source = cls(store, keys, **extra)
+    source._listing = listing
     return source
 
 

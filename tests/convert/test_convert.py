@@ -335,3 +335,63 @@ def test_cli_usage_errors() -> None:
     )
     assert "exit status" in helptext.stdout
     assert "3    convert completed" in helptext.stdout
+
+
+def test_file_vanishing_after_planning_is_skipped(
+    tmp_path: Path, cv: Any, image_folder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fastload.convert._sources import ImageFolderSource
+
+    root, expected = image_folder
+    victim = root / "class01" / "im.004.jpg"
+    original = ImageFolderSource.plan_units
+
+    def plan_then_delete(self: ImageFolderSource, report: Any) -> Any:
+        units = original(self, report)
+        victim.unlink()
+        return units
+
+    monkeypatch.setattr(ImageFolderSource, "plan_units", plan_then_delete)
+    result = fc.convert(root, tmp_path / "o", format="fake", workers=1, quiet=True, on_error="skip")
+    assert [(s.item, s.shard) for s in result.skipped] == [
+        ("class01/im.004.jpg", "shard-000000.fake")
+    ]
+    assert "ObjectNotFoundError" in result.skipped[0].reason
+    assert result.skipped_report is not None
+    lines = (tmp_path / "o" / "_fastload_skipped.jsonl").read_text().splitlines()
+    assert json.loads(lines[0])["item"] == "class01/im.004.jpg"
+    got = cv.read_dataset(tmp_path / "o")
+    del expected["class01/im_004"]
+    assert got == expected
+
+
+def test_progress_lines_when_not_a_tty() -> None:
+    import io
+
+    from fastload.convert._progress import Progress
+
+    out = io.StringIO()
+    progress = Progress(100, 10_000, stream=out, interval=0.0)
+    progress.update(40, 4_000_000)
+    progress.update(100, 10_000_000)
+    progress.close()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("fastload convert: 40/100 samples (40.0%)")
+    assert "MB/s" in lines[1]
+    assert "ETA" in lines[1]
+    quiet = io.StringIO()
+    Progress(10, 10, stream=quiet, quiet=True, interval=0.0).update(5, 5)
+    assert quiet.getvalue() == ""
+
+
+def test_whitespace_in_file_names(tmp_path: Path, real_fmt: str, cv: Any) -> None:
+    src = tmp_path / "src" / "my class"
+    src.mkdir(parents=True)
+    (src / "IMG 0001.JPG").write_bytes(b"a")
+    (src / "IMG\t0002.jpg").write_bytes(b"b")
+    fc.convert(tmp_path / "src", tmp_path / "o", format=real_fmt, workers=1, quiet=True)
+    assert cv.read_dataset(tmp_path / "o") == {
+        "my_class/IMG_0001": {"jpg": b"a", "cls": b"0"},
+        "my_class/IMG_0002": {"jpg": b"b", "cls": b"0"},
+    }
