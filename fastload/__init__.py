@@ -1,8 +1,63 @@
-"""fastload: fast, exactly-once, resumable data loading for deep-learning training."""
+"""fastload: fast, exactly-once, resumable data loading for deep-learning training.
+
+The public surface:
+
+* :func:`open_store` — bytes under keys on local disk, S3/Ceph RGW, HDFS, ... (:mod:`fastload.storage`)
+* :func:`convert` — raw corpora into WebDataset, TFRecord or LMDB shards (:mod:`fastload.convert`)
+* :func:`open_dataset` and :class:`DataLoader` — exactly-once, resumable PyTorch loading
+  (:mod:`fastload.loader`)
+* :mod:`fastload.dali` — NVIDIA DALI pipelines fed by fastload datasets
+* :mod:`fastload.errors` — the exception hierarchy
+
+Heavy dependencies (torch, DALI, boto3) are imported on first use, so ``import fastload`` and the
+``fastload`` command start quickly.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from fastload import errors
 from fastload.storage import open_store
 
+if TYPE_CHECKING:
+    from fastload import dali
+    from fastload.convert import convert
+    from fastload.loader import DataLoader, open_dataset, to_tuple
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "errors", "open_store"]
+__all__ = [
+    "DataLoader",
+    "__version__",
+    "convert",
+    "dali",
+    "errors",
+    "open_dataset",
+    "open_store",
+    "to_tuple",
+]
+
+_LAZY = {
+    "convert": ("fastload.convert", "convert"),
+    "open_dataset": ("fastload.loader", "open_dataset"),
+    "DataLoader": ("fastload.loader", "DataLoader"),
+    "to_tuple": ("fastload.loader", "to_tuple"),
+    "dali": ("fastload.dali", None),
+}
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module_name, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'fastload' has no attribute {name!r}") from None
+    module = importlib.import_module(module_name)
+    value = module if attr is None else getattr(module, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
