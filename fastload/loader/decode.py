@@ -25,9 +25,13 @@ Image modes (``image=``):
 * ``"torch"``: ``torch.Tensor`` of shape ``(3, H, W)``, ``uint8``, RGB (a view of the HWC array;
   ``torch.stack`` in collation makes it contiguous).
 * ``"pil"``: a loaded ``PIL.Image.Image`` in mode ``RGB``.
-* ``"bytes"``: not decoded; use this with the fused
-  :class:`~fastload.loader.transforms.ImageTrainTransform`, which decodes only the resolution the
-  crop needs.
+* ``"bytes"``: not decoded.
+* a **fused transform** such as :class:`~fastload.loader.transforms.ImageTrainTransform` (any
+  callable ``(data: bytes, rng: numpy.random.Generator) -> value``): image fields are decoded and
+  augmented in one step, decoding only the resolution the crop needs. The generator comes from the
+  sample's ``__rng_seed__`` (see :mod:`fastload.loader.transforms`). Because this runs as part of
+  decoding, a corrupt image follows the loader's ``on_error`` policy (``skip`` drops and counts
+  it), which it would not as a ``transform=``.
 
 JPEG decoder choice, measured on the W1 corpus (500x375 photo-like JPEGs, quality 90, one core of
 a 2-vCPU EPYC, see ``benchmarks/bench_loader.py``): simplejpeg ≈ 1.1-1.25x Pillow's decoder (both
@@ -55,7 +59,7 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
-from fastload.errors import InvalidArgumentError
+from fastload.errors import FormatError, InvalidArgumentError
 from fastload.formats._sample import Sample, decode_sample
 
 __all__ = [
@@ -138,13 +142,26 @@ def decode_image(data: bytes, mode: ImageMode = "rgb8") -> Any:
     return arr
 
 
+#: A fused decode+augment callable: ``(encoded bytes, generator) -> value``.
+ImageFn = Callable[[bytes, np.random.Generator], Any]
+
+
+def _call_with_rng(fn: ImageFn, rng: np.random.Generator, data: bytes) -> Any:
+    try:
+        return fn(data, rng)
+    except FormatError as exc:
+        # decode_sample passes FormatErrors through as they are; a ValueError gets the sample's
+        # URL, key and field name added.
+        raise ValueError(str(exc)) from exc
+
+
 class Decoder:
     """Decodes a raw sample's fields by extension; the ``decode=`` callable of the loader.
 
     Args:
         image: How image fields are returned: ``"rgb8"`` (default), ``"l8"``, ``"torch"``,
-            ``"pil"`` or ``"bytes"`` (leave encoded, e.g. for
-            :class:`~fastload.loader.transforms.ImageTrainTransform`).
+            ``"pil"``, ``"bytes"`` (leave encoded), or a fused transform such as
+            :class:`~fastload.loader.transforms.ImageTrainTransform` (see the module docstring).
         allow_pickle: Permit ``pyd``/``pickle`` fields, which run code when decoded. Only for data
             whose origin you trust. ``npy`` fields never unpickle.
         extra: Further decoders by extension (``{"seg": my_fn}``; ``bytes`` → value); they take
@@ -159,16 +176,17 @@ class Decoder:
 
     def __init__(
         self,
-        image: ImageMode = "rgb8",
+        image: ImageMode | ImageFn = "rgb8",
         *,
         allow_pickle: bool = False,
         extra: Mapping[str, Callable[[bytes], Any]] | None = None,
     ) -> None:
-        if image not in IMAGE_MODES:
+        if not callable(image) and image not in IMAGE_MODES:
             raise InvalidArgumentError(
-                f"Decoder(image={image!r}): image must be one of {', '.join(IMAGE_MODES)}"
+                f"Decoder(image={image!r}): image must be one of {', '.join(IMAGE_MODES)} or a "
+                "callable (bytes, numpy Generator) -> value such as ImageTrainTransform()"
             )
-        self.image: ImageMode = image
+        self.image: ImageMode | ImageFn = image
         self.allow_pickle = allow_pickle
         self.extra: dict[str, Callable[[bytes], Any]] = {
             k.lower().lstrip("."): v for k, v in (extra or {}).items()
@@ -177,7 +195,7 @@ class Decoder:
 
     def _build_fields(self) -> dict[str, Callable[[bytes], Any]]:
         fields: dict[str, Callable[[bytes], Any]] = {}
-        if self.image != "bytes":
+        if isinstance(self.image, str) and self.image != "bytes":
             image_fn = functools.partial(decode_image, mode=self.image)
             fields.update(dict.fromkeys(IMAGE_EXTENSIONS, image_fn))
         fields.update(self.extra)
@@ -191,7 +209,13 @@ class Decoder:
                 the shard URL (``__url__``), the sample key and the field.
             UnsafeDataError: A pickle field and ``allow_pickle`` is False.
         """
-        return decode_sample(sample, allow_pickle=self.allow_pickle, fields=self._fields)
+        fields = self._fields
+        if callable(self.image):
+            from fastload.loader.transforms import rng_for
+
+            fused = functools.partial(_call_with_rng, self.image, rng_for(sample))
+            fields = {**dict.fromkeys(IMAGE_EXTENSIONS, fused), **self.extra}
+        return decode_sample(sample, allow_pickle=self.allow_pickle, fields=fields)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"image": self.image, "allow_pickle": self.allow_pickle, "extra": self.extra}

@@ -68,6 +68,7 @@ __all__ = [
     "Resize",
     "center_crop_box",
     "random_resized_crop_box",
+    "rng_for",
     "sample_rng",
 ]
 
@@ -102,7 +103,9 @@ def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     return np.random.default_rng([seed & 0xFFFF_FFFF_FFFF_FFFF, epoch, index])
 
 
-def _rng_for(x: Any, rng: np.random.Generator | None) -> np.random.Generator:
+def rng_for(x: Any, rng: np.random.Generator | None = None) -> np.random.Generator:
+    """The generator a transform uses for ``x``: ``rng`` if given, else :func:`sample_rng` of a
+    sample dict's ``__rng_seed__``, else one seeded from NumPy's global generator."""
     if rng is not None:
         return rng
     if isinstance(x, Mapping) and RNG_SEED_KEY in x:
@@ -229,7 +232,7 @@ class _ImageTransform:
             CorruptDataError: An encoded image cannot be decoded (the message names the sample's
                 ``__url__`` and ``__key__`` when ``x`` is a sample).
         """
-        generator = _rng_for(x, rng)
+        generator = rng_for(x, rng)
         if not isinstance(x, Mapping):
             return self.apply(x, generator)
         url = str(x.get("__url__", ""))
@@ -508,7 +511,7 @@ class Compose:
         self.transforms = list(transforms)
 
     def __call__(self, x: Any, rng: np.random.Generator | None = None) -> Any:
-        generator = _rng_for(x, rng)
+        generator = rng_for(x, rng)
         for t in self.transforms:
             x = t(x, generator)
         return x

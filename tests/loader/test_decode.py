@@ -167,3 +167,23 @@ def test_input_sample_is_not_modified() -> None:
     sample = _sample(cls=b"1")
     Decoder()(sample)
     assert sample["cls"] == b"1"
+
+
+def test_fused_transform_as_image_decoder() -> None:
+    from fastload.loader.transforms import ImageTrainTransform, sample_rng
+
+    data = _encode(_gradient(120, 160), "JPEG", quality=95)
+    tf = ImageTrainTransform(size=32)
+    dec = pickle.loads(pickle.dumps(Decoder(image=tf)))
+    sample = _sample(jpg=data, cls=b"4")
+    sample["__rng_seed__"] = (1, 2, 3)
+    out = dec(sample)
+    assert out["cls"] == 4
+    assert out["jpg"].shape == (3, 32, 32)
+    torch.testing.assert_close(out["jpg"], tf(data, sample_rng(1, 2, 3)))
+    bad = _sample(jpg=data[:40], cls=b"4")
+    with pytest.raises(CorruptDataError) as info:
+        dec(bad)
+    assert info.value.key == "s1"
+    assert "train-000001.tar" in str(info.value)
+    assert "'jpg'" in str(info.value)
