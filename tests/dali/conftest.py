@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -65,3 +66,18 @@ def datasets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         write_dataset(open_store(str(path)), fmt)
         out[fmt] = str(path)
     return out
+
+
+@pytest.fixture(scope="session")
+def kit() -> SimpleNamespace:
+    """The helpers above, for test modules (conftest is not importable under importlib mode)."""
+    return SimpleNamespace(
+        SIZES=SIZES, N=sum(SIZES), jpeg=jpeg, write_dataset=write_dataset, require_dali=require_dali
+    )
+
+
+@pytest.fixture(autouse=True)
+def _need_dali(request: pytest.FixtureRequest) -> None:
+    """Every DALI test needs DALI: skip locally, fail under CI=true (fastload.testing.need)."""
+    if request.path.name != "test_missing.py":  # that module tests the absence of DALI
+        require_dali()
