@@ -3,12 +3,13 @@
 Measures, for each client in its own process (so one client's threads and buffers do not slow
 the next):
 
-* whole-object GET throughput (MB/s) over ``--total-mib`` of ``--object-mib`` objects with 1, 4
-  and 16 concurrent requests (best of ``--repeat`` passes);
+* whole-object GET throughput (MB/s) over ``--objects`` objects of ``--object-mib`` MiB with 1, 4
+  and 16 concurrent requests;
 * ranged GETs of ``--range-kib`` at random offsets, in requests per second, with 1 and 16
   concurrent requests.
 
-It starts the cluster with tools/ceph-up.sh unless one answers (and stops it afterwards only if it
+Each metric is a client's best of ``--rounds`` runs; the rounds alternate the clients, so load
+from other processes does not favour one. It starts the cluster with tools/ceph-up.sh unless one answers (and stops it afterwards only if it
 started it), uploads the objects once into the bucket ``fastload-bench`` and prints a table with
 each client's ratio to the best. The memstore OSD holds about 2x the stored bytes in RAM, and a
 pass with 16 concurrent requests holds ``16 x object size`` in this process.
@@ -269,7 +270,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--range-kib", type=int, default=100, help="range length in kB (1000 bytes)"
     )
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=1, help="passes per worker run")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating runs per client")
     parser.add_argument("--bucket", default=BUCKET)
     parser.add_argument("--keep", action="store_true", help="keep the objects for the next run")
     parser.add_argument("--s3fs-python", default="", help="interpreter of a virtualenv with s3fs")
@@ -285,10 +287,19 @@ def main(argv: list[str] | None = None) -> None:
     with ceph_cluster() as cluster:
         print(f"RGW {cluster.endpoint_url}: {args.objects} x {args.object_mib} MiB objects")
         _prepare(cluster, args)
-        results = {}
-        for name in args.clients.split(","):
-            results[name] = _run_worker(name, cluster, args)
-            print(f"{name}: {json.dumps(results[name])}", flush=True)
+        # Rounds alternate the clients, and each metric keeps a client's best round, so that
+        # load from other processes on the machine does not favour whichever client ran first.
+        results: dict[str, dict[str, Any]] = {}
+        for round_no in range(args.rounds):
+            for name in args.clients.split(","):
+                res = _run_worker(name, cluster, args)
+                print(f"round {round_no + 1} {name}: {json.dumps(res)}", flush=True)
+                prev = results.setdefault(name, res)
+                if "error" in prev or "error" in res:
+                    continue
+                for metric in ("whole_mbps", "ranged_ops"):
+                    for conc, value in res[metric].items():
+                        prev[metric][conc] = max(prev[metric][conc], value)
         _table(results, args)
         if not args.keep:  # memstore keeps objects in RAM: free them
             client = cluster.client()

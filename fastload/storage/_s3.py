@@ -138,6 +138,8 @@ class S3Config:
         list_page_size: Keys per ``ListObjectsV2`` request (1..1000).
         stream_resume_attempts: How often :meth:`S3Store.open_reader` re-requests the rest of an
             object after the stream broke, before it raises.
+        part_attempts: Attempts per multipart part on transient errors (a streamed write cannot
+            be retried as a whole by :class:`~fastload.storage.RetryStore`).
         read_only: Refuse ``put``, ``open_writer`` and ``delete``.
     """
 
@@ -160,6 +162,7 @@ class S3Config:
     parallel_get_threads: int = 8
     list_page_size: int = 1000
     stream_resume_attempts: int = 3
+    part_attempts: int = 3
     read_only: bool = False
 
     def __post_init__(self) -> None:
@@ -182,6 +185,7 @@ class S3Config:
             "upload_concurrency",
             "parallel_get_part_size",
             "parallel_get_threads",
+            "part_attempts",
         ):
             if getattr(self, name) < 1:
                 raise InvalidArgumentError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -273,9 +277,14 @@ class S3Store(Store):
         parts = urlsplit(url)
         if parts.scheme.lower() != "s3" or not parts.netloc:
             raise InvalidArgumentError(f"not an s3://bucket/prefix URL: {url!r}")
-        if parts.query or parts.fragment or "@" in parts.netloc:
+        if "@" in parts.netloc:  # do not echo the URL: it holds credentials
             raise InvalidArgumentError(
-                f"s3 URLs take no query, fragment or credentials: {url!r}; pass options instead"
+                "s3 URLs take no credentials (s3://KEY:SECRET@bucket); pass access_key_id and "
+                "secret_access_key options or use the standard AWS credential chain"
+            )
+        if parts.query or parts.fragment:
+            raise InvalidArgumentError(
+                f"s3 URLs take no query or fragment: {url!r}; pass options instead"
             )
         return cls(parts.netloc, parts.path, **options)
 
@@ -303,15 +312,23 @@ class S3Store(Store):
         return (_rebuild, (self._bucket, self._prefix, self.config))
 
     def __repr__(self) -> str:
-        endpoint = (
-            f", endpoint_url={self.config.endpoint_url!r}" if self.config.endpoint_url else ""
-        )
+        endpoint = f", endpoint_url={self._endpoint()!r}" if self.config.endpoint_url else ""
         return f"S3Store({self.url!r}{endpoint})"
+
+    def _endpoint(self) -> str:
+        """The endpoint URL for messages, without any user:password part."""
+        endpoint = self.config.endpoint_url or "AWS S3"
+        parts = urlsplit(endpoint)
+        if parts.username or parts.password:
+            endpoint = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+        return endpoint
 
     def _resources(self) -> _Proc:
         proc = self._proc
         if proc is not None and proc.pid == os.getpid():
             return proc
+        if proc is not None:  # forked: the parent's lock may have been held by another thread
+            self._lock = threading.Lock()
         with self._lock:
             proc = self._proc
             if proc is None or proc.pid != os.getpid():
@@ -374,8 +391,7 @@ class S3Store(Store):
         return self._key_prefix + validate_key(key, url=self.url)
 
     def _where(self) -> str:
-        endpoint = self.config.endpoint_url or "AWS S3"
-        return f"at {endpoint}"
+        return f"at {self._endpoint()}"
 
     def _translate(self, exc: BaseException, key: str | None, action: str) -> StoreError:
         """Map a botocore exception to a fastload error naming the URL; never include secrets."""
@@ -442,8 +458,11 @@ class S3Store(Store):
         if isinstance(exc, BotoCoreError | OSError):
             # Refused/dropped connections, timeouts, broken response streams: worth retrying.
             # The botocore message names only the endpoint URL, never credentials.
+            text = str(exc)
+            if self.config.endpoint_url:
+                text = text.replace(self.config.endpoint_url, self._endpoint())
             return TransientStoreError(
-                f"cannot {action} {url} {self._where()}: {type(exc).__name__}: {exc}; check that "
+                f"cannot {action} {url} {self._where()}: {type(exc).__name__}: {text}; check that "
                 "the server is up and reachable (RetryStore retries this)",
                 url=url,
             )
@@ -783,11 +802,18 @@ class _S3Writer(ObjectWriter):
 
     def _write(self, data: memoryview) -> None:
         part = self._store.config.part_size
-        self._buf += data
-        while len(self._buf) >= part:
-            chunk = bytes(self._buf[:part])
-            del self._buf[:part]
+        pos = 0
+        if self._buf:  # top up the pending part first
+            pos = min(part - len(self._buf), data.nbytes)
+            self._buf += data[:pos]
+            if len(self._buf) < part:
+                return
+            chunk, self._buf = bytes(self._buf), bytearray()
             self._submit(chunk)
+        while data.nbytes - pos >= part:  # whole parts straight from the caller's buffer
+            self._submit(data[pos : pos + part].tobytes())
+            pos += part
+        self._buf += data[pos:]
 
     def _submit(self, chunk: bytes) -> None:
         store = self._store
@@ -813,19 +839,31 @@ class _S3Writer(ObjectWriter):
         )
 
     def _upload_part(self, number: int, upload_id: str, chunk: bytes) -> dict[str, Any]:
+        # RetryStore cannot replay a streamed write, so a part (idempotent: re-uploading a part
+        # number replaces it) is retried here, a few times with backoff, on transient errors.
         store = self._store
-        resp = store._call(
-            f"upload part {number} of",
-            self._key,
-            lambda: self._client().upload_part(
-                Bucket=store.bucket,
-                Key=self._full,
-                UploadId=upload_id,
-                PartNumber=number,
-                Body=chunk,
-            ),
-        )
-        return {"PartNumber": number, "ETag": resp["ETag"]}
+        attempts = store.config.part_attempts
+        for attempt in range(1, attempts + 1):
+            try:
+                resp = store._call(
+                    f"upload part {number} of",
+                    self._key,
+                    lambda: self._client().upload_part(
+                        Bucket=store.bucket,
+                        Key=self._full,
+                        UploadId=upload_id,
+                        PartNumber=number,
+                        Body=chunk,
+                    ),
+                )
+            except TransientStoreError as exc:
+                if attempt == attempts:
+                    raise
+                _log.info("part %d of %s failed (%s); retrying", number, self._key, exc)
+                time.sleep(min(0.2 * 2**attempt, 5.0))
+                continue
+            return {"PartNumber": number, "ETag": resp["ETag"]}
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _commit(self) -> None:
         store = self._store
