@@ -1,29 +1,28 @@
-"""Opening a shard for :func:`~fastload.formats.webdataset._tar.scan`: local files by offset,
-everything else as a stream.
+"""Opening a shard for :func:`~fastload.formats.webdataset._tar.scan`: local files are
+memory-mapped, everything else is streamed.
 
-A local file is read with ``os.pread`` on an unbuffered descriptor: each member's data is one
-read straight into the ``bytes`` object the reader returns (copied once, from the page cache),
-and the small members and headers between large ones come out of a small look-ahead window.
-Other stores are streamed through ``store.open_reader``; the shard is never downloaded whole.
+A local file is mapped read-only, so each member's data is copied once, from the page cache
+into the ``bytes`` object the reader returns, without a system call per member. Other stores are
+streamed through ``store.open_reader``; the shard is never downloaded whole.
+
+A mapped shard must not be truncated in place while it is read: touching a page past the new end
+raises ``SIGBUS``, which ends the process (as with LMDB, which maps its files too). fastload's
+writers and stores replace objects atomically (a new file renamed over the old one), which is
+safe: the reader keeps the file it opened.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import partial
 
 from fastload.errors import ObjectNotFoundError
-from fastload.formats.webdataset._tar import BLOCK, ReadAt, StreamReadAt, stream_size
+from fastload.formats.webdataset._tar import ShardView, StreamView, stream_size
 from fastload.storage import Store
 
-__all__ = ["LOCAL_LOOKAHEAD", "local_file", "open_shard"]
-
-#: Bytes read at a time where a local shard has headers and small members. A sample of one
-#: large and one small member (an image and its label) needs one read for the image and one of
-#: these for the label's header, the label and the next image's header.
-LOCAL_LOOKAHEAD = 4096
+__all__ = ["local_file", "open_shard"]
 
 _O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 
@@ -41,34 +40,45 @@ def local_file(store: Store, key: str) -> str | None:
         return None
 
 
-@contextmanager
-def open_shard(store: Store, key: str) -> Iterator[tuple[ReadAt, int, int]]:
-    """Open ``key`` for scanning: yields ``(read_at, size, lookahead)`` for :func:`scan`.
+def _map(path: str) -> mmap.mmap | bytes | None:
+    """``path`` mapped read-only (``b""`` when empty), or ``None`` if it cannot be mapped."""
+    try:
+        fd = os.open(path, _O_RDONLY)
+    except OSError:
+        return None  # gone or unreadable: the store's reader raises the proper error
+    try:
+        if os.fstat(fd).st_size == 0:
+            return b""
+        view = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return None  # e.g. a filesystem without mmap support: stream it instead
+    finally:
+        os.close(fd)  # the mapping keeps the file
+    if hasattr(view, "madvise") and hasattr(mmap, "MADV_SEQUENTIAL"):
+        view.madvise(mmap.MADV_SEQUENTIAL)  # read ahead more, drop pages behind sooner
+    return view
 
-    Local files are read with ``os.pread`` (see the module docstring); other objects through
-    ``store.open_reader``, whose stream is only read forward (``lookahead`` is one block).
-    The file or stream is closed when the ``with`` block ends. One thread at a time.
+
+@contextmanager
+def open_shard(store: Store, key: str) -> Iterator[ShardView]:
+    """Open ``key`` for :func:`scan`: a memory map of a local file, else a stream view.
+
+    The map or stream is closed when the ``with`` block ends. One thread at a time.
 
     Raises:
         ObjectNotFoundError: No object under ``key`` (from the store).
     """
     path = local_file(store, key)
-    fd = -1
-    if path is not None:
+    view = None if path is None else _map(path)
+    if view is not None:
         try:
-            fd = os.open(path, _O_RDONLY)
-        except OSError:
-            fd = -1  # gone or unreadable: the store's reader raises the proper error
-    if fd >= 0:
-        try:
-            local_size = os.fstat(fd).st_size
-            if hasattr(os, "posix_fadvise"):  # larger kernel read-ahead when not cached
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-            yield partial(os.pread, fd), local_size, LOCAL_LOOKAHEAD
+            yield view
         finally:
-            os.close(fd)
+            if isinstance(view, mmap.mmap):
+                view.close()
         return
     with store.open_reader(key) as stream:
-        known = stream_size(stream)
-        size = store.size(key) if known is None else known
-        yield StreamReadAt(stream, stream.tell() if stream.seekable() else 0), size, BLOCK
+        size = stream_size(stream)
+        if size is None:
+            size = store.size(key)
+        yield StreamView(stream, size, stream.tell() if stream.seekable() else 0)

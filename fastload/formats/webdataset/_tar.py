@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import io
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from fastload.errors import CorruptDataError, InvalidArgumentError
 
@@ -24,8 +25,8 @@ __all__ = [
     "parse_octal",
     "scan",
     "split_member_name",
-    "ReadAt",
-    "StreamReadAt",
+    "ShardView",
+    "StreamView",
     "stream_size",
     "unsafe_name_reason",
     "ustar_name",
@@ -260,8 +261,6 @@ class Bad:
 
 _REGULAR_FLAGS = (0x30, 0, 0x37)  # "0", NUL (old tars), "7" (contiguous file)
 _META_FLAGS = (0x78, 0x67, 0x4C, 0x4B)  # "x", "g", "L", "K"
-#: Members up to this many bytes are read together with the headers around them.
-SMALL_MEMBER = 8192
 _NO_DATA_FLAGS = (0x31, 0x32, 0x33, 0x34, 0x35, 0x36)  # "1".."6"
 _CHK_CACHE: dict[bytes, int] = {}
 
@@ -295,35 +294,56 @@ def _truncated(url: str, offset: int, what: str) -> Bad:
     )
 
 
-#: ``read_at(n, offset)``: up to ``n`` bytes of the shard from byte ``offset`` on; fewer only where
-#: the shard ends. ``functools.partial(os.pread, fd)`` is one; :class:`StreamReadAt` adapts a stream.
-ReadAt = Callable[[int, int], bytes]
+class ShardView(Protocol):
+    """A shard's bytes by slicing: ``view[a:b]`` is ``bytes`` (shorter only where the shard
+    ends) and ``len(view)`` is the shard's size. ``bytes`` and ``mmap.mmap`` are views; so is
+    :class:`StreamView` over a stream."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, item: slice, /) -> bytes: ...
 
 
-class StreamReadAt:
-    """A :data:`ReadAt` over a binary stream, for shards that are not local files.
+class StreamView:
+    """A :class:`ShardView` over a binary stream, for shards that are not local files.
 
-    The scanner asks for non-decreasing offsets when its look-ahead is one block, so a stream
-    that cannot seek is only ever read forward (gaps are read and dropped); a seekable stream is
-    positioned with ``seek`` when the offset differs from where it is.
+    :func:`scan` slices in increasing order, so a stream that cannot seek is only read forward
+    (gaps are read and dropped); a seekable stream is positioned with ``seek`` when a slice
+    starts elsewhere. Slices must have a start and a stop and no step.
 
     Args:
         stream: The stream, positioned at byte ``position`` of the shard.
+        size: The shard's size in bytes.
         position: The shard offset of the stream's current position.
     """
 
-    __slots__ = ("_pos", "_read", "_stream")
+    __slots__ = ("_pos", "_read", "_size", "_stream")
 
-    def __init__(self, stream: io.BufferedIOBase, position: int = 0) -> None:
+    def __init__(self, stream: io.BufferedIOBase, size: int, position: int = 0) -> None:
         self._stream = stream
         self._read = stream.read
+        self._size = size
         self._pos = position
 
-    def __call__(self, n: int, offset: int) -> bytes:
-        if offset != self._pos:
-            self._move(offset)
+    def __len__(self) -> int:
+        return self._size
+
+    def __getitem__(self, item: slice, /) -> bytes:
+        start, stop = item.start, item.stop
+        if start != self._pos:
+            self._move(start)
+        n = min(stop, self._size) - start
+        if n <= 0:
+            return b""
         data = self._read(n)
-        self._pos = offset + len(data)
+        if 0 < len(data) < n:  # a raw stream may return less than asked before its end
+            parts = [data]
+            got = len(data)
+            while got < n and (more := self._read(n - got)):
+                parts.append(more)
+                got += len(more)
+            data = b"".join(parts)
+        self._pos = start + len(data)
         return data
 
     def _move(self, offset: int) -> None:
@@ -339,7 +359,7 @@ class StreamReadAt:
         while self._pos < offset:
             chunk = self._read(min(offset - self._pos, 1 << 20))
             if not chunk:
-                return  # the shard ended; the read that follows comes back short
+                return  # the stream ended early; the read that follows comes back empty
             self._pos += len(chunk)
 
 
@@ -353,43 +373,24 @@ def stream_size(stream: io.BufferedIOBase) -> int | None:
     return size
 
 
-def _read_fully(read_at: ReadAt, n: int, offset: int, first: bytes) -> bytes:
-    """``first`` (a short read of ``n`` bytes at ``offset``) completed with further reads."""
-    parts = [first]
-    got = len(first)
-    while got < n:
-        more = read_at(n - got, offset + got)
-        if not more:
-            break
-        parts.append(more)
-        got += len(more)
-    return b"".join(parts)
-
-
 def scan(
-    read_at: ReadAt,
-    size: int,
+    shard: ShardView,
     url: str,
     *,
     start: int = 0,
     want_data: bool = True,
-    lookahead: int = BLOCK,
 ) -> Iterator[Member | Bad]:
     """Yield the members of a tar shard in order (see :data:`Member`), and :class:`Bad` for each
     problem found.
 
+    Every member's data is one slice of ``shard``, so with a memory-mapped file it is copied
+    once, from the page cache into the ``bytes`` returned. Slices come in increasing order.
+
     Args:
-        read_at: Reads the shard by offset (see :data:`ReadAt`).
-        size: The shard's size in bytes.
+        shard: The shard's bytes (see :class:`ShardView`).
         url: The shard URL, for messages.
         start: Byte offset to start at (a header boundary).
         want_data: Read regular members' data; else skip over it (``data`` is ``None``).
-        lookahead: The most bytes read at a time where headers are expected (at least one
-            block). Headers and members of at most ``min(lookahead, 8 KiB)`` bytes come out of
-            such a window, whose size adapts to the run of headers and small members between
-            large members; a large member's data is read on its own, with exactly its size, so
-            its bytes are copied once. With one block (the default), offsets never decrease, so
-            a forward-only stream works.
 
     Scanning ends at the first zero block (end of archive). After a header with a bad checksum
     the scanner looks for the next valid ustar header block by block and continues from there
@@ -397,45 +398,45 @@ def scan(
     """
     adler = zlib.adler32
     cache_get = _CHK_CACHE.get
-    max_look = max(lookahead, BLOCK)
-    small = min(SMALL_MEMBER, max_look)  # members up to this size are read with what follows
-    look = min(max_look, 4 * BLOCK)  # the window size; adapts to the runs between large members
-    run_start = start  # where the bytes after the last large member begin
+    size = len(shard)
     pos = start
-    win = b""  # the shard's bytes [win_start, win_start + len(win))
-    win_start = start
     long_name: bytes | None = None
     pax: dict[bytes, bytes] = {}
     global_pax: dict[bytes, bytes] = {}
     meta_offset: int | None = None  # offset of the first pax/GNU block of the pending member
-
-    def fetch(n: int, offset: int) -> bytes:
-        """``n`` bytes at ``offset`` from the window or a read; shorter only at the end."""
-        nonlocal win, win_start
-        rel = offset - win_start
-        if rel >= 0 and rel + n <= len(win):
-            return win[rel : rel + n]
-        if offset >= size:
-            return b""
-        win = read_at(max(n, look), offset)
-        win_start = offset
-        if len(win) < n and offset + len(win) < size:
-            win = _read_fully(read_at, min(n, size - offset), offset, win)
-        return win[:n] if len(win) > n else win
-
+    pending = False  # pax/GNU headers apply to the next member: meta_offset or global_pax set
     while True:
-        rel = pos - win_start
-        if rel + BLOCK <= len(win) and rel >= 0:
-            hdr = win[rel : rel + BLOCK]
-        else:
-            hdr = fetch(BLOCK, pos)
-            if len(hdr) != BLOCK:
-                yield _truncated(
-                    url,
-                    pos,
-                    "inside a header block" if hdr else "without the end-of-archive blocks",
-                )
-                return
+        hdr = shard[pos : pos + BLOCK]
+        if len(hdr) != BLOCK:
+            yield _truncated(
+                url, pos, "inside a header block" if hdr else "without the end-of-archive blocks"
+            )
+            return
+        # Fast path for the common member: a regular file ("0") with a valid checksum, a plain
+        # octal size, a UTF-8 name in the name field alone, and no pax/GNU header before it.
+        # Anything else, and any problem, goes through the general code below.
+        if (
+            want_data
+            and hdr[156] == 0x30
+            and not pending
+            and not hdr[135]
+            and not hdr[345]
+            and (adler(hdr) & 0xFFFF) == cache_get(hdr[148:156])
+        ):
+            end = hdr.find(0, 0, 100)
+            if end > 0:
+                try:
+                    name = hdr[:end].decode()
+                    msize = int(hdr[124:135], 8)
+                except ValueError:
+                    msize = -1
+                if msize >= 0:
+                    data_offset = pos + BLOCK
+                    data = shard[data_offset : data_offset + msize]
+                    if len(data) == msize:
+                        yield (name, REGULAR, "regular file", pos, data_offset, msize, data)
+                        pos = data_offset + msize + (-msize % BLOCK)
+                        continue
         chk = hdr[148:156]
         expected = cache_get(chk)
         if expected is None:
@@ -455,11 +456,12 @@ def scan(
                 lost_next=True,
             )
             long_name, pax, meta_offset = None, {}, None
+            pending = bool(global_pax)
             # Resynchronise: the next block that is a valid ustar header, or the end.
             zeros = 0
             while True:
                 pos += BLOCK
-                hdr = fetch(BLOCK, pos)
+                hdr = shard[pos : pos + BLOCK]
                 if len(hdr) < BLOCK:
                     if zeros >= 2 and not hdr:
                         return
@@ -501,12 +503,13 @@ def scan(
         if typeflag in _META_FLAGS:
             # Metadata for the next member: pax extended/global header, GNU long name/link.
             padded = msize + (-msize % BLOCK)
-            body = fetch(padded, pos + BLOCK)
+            body = shard[pos + BLOCK : pos + BLOCK + padded]
             if len(body) < padded:
                 yield _truncated(url, pos, f"inside a {chr(typeflag)!r} extension header")
                 return
             if meta_offset is None:
                 meta_offset = pos
+            pending = True
             body = body[:msize]
             if typeflag == 0x4C:  # "L"
                 long_name = body.split(b"\0", 1)[0]
@@ -529,7 +532,7 @@ def scan(
             pos += BLOCK + padded
             continue
 
-        if meta_offset is None and not global_pax:
+        if not pending:
             header_offset = pos
             end = hdr.find(0, 0, 100)
             raw = hdr[:end] if end >= 0 else hdr[:100]
@@ -568,31 +571,12 @@ def scan(
                     )
                     return
             long_name, meta_offset, pax = None, None, {}
+            pending = bool(global_pax)
 
         data_offset = pos + BLOCK
         if typeflag in _REGULAR_FLAGS and not (typeflag == 0 and name.endswith("/")):
             if want_data:
-                rel = data_offset - win_start
-                pad = -msize % BLOCK
-                if rel + msize <= len(win):
-                    data = win[rel : rel + msize]
-                elif msize <= small:
-                    # Grow the window so that next time it covers this member and the header
-                    # after it, and read them now.
-                    need = data_offset + msize + pad + BLOCK - run_start
-                    if need > look:
-                        look = min(max_look, need)
-                    data = fetch(msize, data_offset)
-                else:
-                    # A large member: its data alone, then a window sized for the run before it.
-                    need = data_offset - run_start
-                    look = need if need >= look else max(need, look - BLOCK)
-                    if look > max_look:
-                        look = max_look
-                    run_start = data_offset + msize + pad
-                    data = read_at(msize, data_offset) if data_offset < size else b""
-                    if len(data) < msize and data_offset + len(data) < size:
-                        data = _read_fully(read_at, msize, data_offset, data)
+                data = shard[data_offset : data_offset + msize]
                 if len(data) < msize:
                     yield _truncated(
                         url,
@@ -601,7 +585,7 @@ def scan(
                         f"offset {data_offset}",
                     )
                     return
-                pos = data_offset + msize + pad
+                pos = data_offset + msize + (-msize % BLOCK)
                 yield (name, REGULAR, "regular file", header_offset, data_offset, msize, data)
                 continue
             kind, type_name, size_on_disk = REGULAR, "regular file", msize

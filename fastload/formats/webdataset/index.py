@@ -20,7 +20,7 @@ from fastload.formats.webdataset._tar import (
     DIRECTORY,
     REGULAR,
     Bad,
-    ReadAt,
+    ShardView,
     scan,
     split_member_name,
     unsafe_name_reason,
@@ -132,9 +132,7 @@ def parse_index(
     return out
 
 
-def index_components(
-    read_at: ReadAt, size: int, url: str, *, lookahead: int = BLOCK
-) -> list[list[Component]]:
+def index_components(shard: ShardView, url: str) -> list[list[Component]]:
     """Scan a tar shard's headers (skipping data) into index samples.
 
     Raises:
@@ -144,7 +142,7 @@ def index_components(
     """
     samples: list[list[Component]] = []
     last: str | None = None
-    for item in scan(read_at, size, url, want_data=False, lookahead=lookahead):
+    for item in scan(shard, url, want_data=False):
         if isinstance(item, Bad):
             raise item.error
         name, kind, type_name, header_offset, data_offset, size, _ = item
@@ -194,6 +192,6 @@ def build_index(store: Store, key: str) -> bytes:
         ObjectNotFoundError: No shard under ``key``.
     """
     url = store.child_url(key)
-    with open_shard(store, key) as (read_at, size, lookahead):
-        samples = index_components(read_at, size, url, lookahead=lookahead)
+    with open_shard(store, key) as shard:
+        samples = index_components(shard, url)
     return format_index(samples)

@@ -214,8 +214,8 @@ class WebDatasetReader(ShardReader):
         return self._stream(last.offset + last.size + (-last.size % BLOCK), start)
 
     def _stream(self, offset: int, first: int) -> Iterator[dict[str, Any]]:
-        with open_shard(self.store, self.key) as (read_at, size, lookahead):
-            members = scan(read_at, size, self.url, start=offset, lookahead=lookahead)
+        with open_shard(self.store, self.key) as shard:
+            members = scan(shard, self.url, start=offset)
             yield from self._samples(members, first)
 
     def _samples(self, members: Iterator[Member | Bad], first: int) -> Iterator[dict[str, Any]]:
@@ -242,8 +242,9 @@ class WebDatasetReader(ShardReader):
             name, kind, type_name, header_offset, _, _, data = item
             exc: CorruptDataError | None = None
             if kind == REGULAR:
-                dot = name.find(".", name.rfind("/") + 1)
-                if dot <= 0 or name[dot - 1] == "/":
+                slash = name.rfind("/")
+                dot = name.find(".", slash + 1)
+                if dot <= slash + 1:
                     continue  # no extension, or a hidden file: not a sample component
                 k, field = name[:dot], name[dot + 1 :]
                 if name[0] == "/" or ".." in name:
@@ -254,6 +255,10 @@ class WebDatasetReader(ShardReader):
                             url=url,
                             offset=header_offset,
                         )
+                elif k == key and sample is not None and field not in sample:
+                    sample[field] = data  # the common case: the next field of this sample
+                    lost = None
+                    continue
             elif kind == DIRECTORY:
                 continue
             else:
