@@ -22,7 +22,7 @@ from fastload.errors import ObjectNotFoundError
 from fastload.formats.webdataset._tar import ShardView, StreamView, stream_size
 from fastload.storage import Store
 
-__all__ = ["local_file", "open_shard"]
+__all__ = ["local_file", "map_file", "open_shard"]
 
 _O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 
@@ -40,7 +40,7 @@ def local_file(store: Store, key: str) -> str | None:
         return None
 
 
-def _map(path: str) -> mmap.mmap | bytes | None:
+def map_file(path: str) -> mmap.mmap | bytes | None:
     """``path`` mapped read-only (``b""`` when empty), or ``None`` if it cannot be mapped."""
     try:
         fd = os.open(path, _O_RDONLY)
@@ -69,7 +69,7 @@ def open_shard(store: Store, key: str) -> Iterator[ShardView]:
         ObjectNotFoundError: No object under ``key`` (from the store).
     """
     path = local_file(store, key)
-    view = None if path is None else _map(path)
+    view = None if path is None else map_file(path)
     if view is not None:
         try:
             yield view

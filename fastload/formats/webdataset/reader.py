@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterator
 from typing import Any
 
 from fastload.errors import CorruptDataError, FormatError, MissingIndexError, ObjectNotFoundError
 from fastload.formats._base import OnError, ShardReader
-from fastload.formats.webdataset._source import open_shard
+from fastload.formats.webdataset._source import local_file, map_file, open_shard
 from fastload.formats.webdataset._tar import (
     BLOCK,
     DIRECTORY,
     REGULAR,
     Bad,
     Member,
+    ShardView,
     checksum_ok,
     parse_octal,
     scan,
@@ -67,12 +69,21 @@ class WebDatasetReader(ShardReader):
         super().__init__(store, key, on_error=on_error, index_key=index_key)
         self._index: list[list[Component]] | None = None
         self._index_loaded = False
+        self._map: ShardView | None = None  # this process's map of a local shard, for read()
+        self._map_tried = False
 
     def __getstate__(self) -> dict[str, Any]:
-        # Workers reload the index lazily instead of receiving a copy of it.
+        # Workers reload the index and map the shard lazily instead of receiving copies.
         state = self.__dict__.copy()
         state["_index"], state["_index_loaded"] = None, False
+        state["_map"], state["_map_tried"] = None, False
         return state
+
+    def close(self) -> None:
+        """Unmap the shard if :meth:`read` mapped it. The reader stays usable."""
+        view, self._map, self._map_tried = self._map, None, False
+        if isinstance(view, mmap.mmap):
+            view.close()
 
     # ---- index --------------------------------------------------------------------------------
 
@@ -121,7 +132,11 @@ class WebDatasetReader(ShardReader):
         return len(self._require_index())
 
     def read(self, i: int) -> dict[str, Any]:
-        """The ``i``-th sample (``0 <= i < len(self)``), fetched with one ranged request.
+        """The ``i``-th sample (``0 <= i < len(self)``).
+
+        A local shard is memory-mapped on the first call (per process; :meth:`close` unmaps
+        it) and each field is one copy out of it; other stores get one ranged request per
+        sample.
 
         The error policy does not apply here: a sample that cannot be read raises.
 
@@ -134,12 +149,20 @@ class WebDatasetReader(ShardReader):
         if not 0 <= i < len(index):
             raise IndexError(f"sample {i} out of range: {self.url} has {len(index)} samples")
         comps = index[i]
-        ranges = [ByteRange(c.offset - BLOCK, c.offset + c.size) for c in comps]
-        blobs = self.store.get_ranges(self.key, ranges)
+        view = self._local_map()
+        if view is not None:  # a local file: each field is one copy out of the page cache
+            parts = [
+                (view[c.offset - BLOCK : c.offset], view[c.offset : c.offset + c.size])
+                for c in comps
+            ]
+        else:  # one request for the sample's headers and data
+            ranges = [ByteRange(c.offset - BLOCK, c.offset + c.size) for c in comps]
+            blobs = self.store.get_ranges(self.key, ranges)
+            parts = [(blob[:BLOCK], blob[BLOCK:]) for blob in blobs]
         sample: dict[str, Any] = {"__url__": self.url, "__index__": i}
         key: str | None = None
-        for comp, blob in zip(comps, blobs, strict=True):
-            name = self._check_indexed_header(comp, blob[:BLOCK], i)
+        for comp, (hdr, data) in zip(comps, parts, strict=True):
+            name = self._check_indexed_header(comp, hdr, i)
             split = split_member_name(name)
             if split is None or split[1] != comp.ext:
                 raise CorruptDataError(
@@ -148,11 +171,28 @@ class WebDatasetReader(ShardReader):
                     url=self.url,
                     offset=comp.offset,
                 )
+            if len(data) != comp.size:
+                raise CorruptDataError(
+                    f"index line {i + 2} gives {comp.size} bytes for {name!r} at byte offset "
+                    f"{comp.offset}, but the shard ends after {len(data)} of them; the shard is "
+                    "truncated or the index belongs to another shard, rebuild it with "
+                    "`fastload index`",
+                    url=self.url,
+                    offset=comp.offset,
+                )
             if key is None:
                 key = split[0]
                 sample["__key__"] = key
-            sample[comp.ext] = blob[BLOCK:]
+            sample[comp.ext] = data
         return sample
+
+    def _local_map(self) -> ShardView | None:
+        """The shard mapped into memory when it is a local file (kept until :meth:`close`)."""
+        if not self._map_tried:
+            path = local_file(self.store, self.key)
+            self._map = None if path is None else map_file(path)
+            self._map_tried = True
+        return self._map
 
     def _check_indexed_header(self, comp: Component, hdr: bytes, i: int) -> str:
         """Verify the ustar header in front of an indexed member; return the member's name."""
