@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -118,6 +119,11 @@ class DALILoader:
             ``"warn"``; undecodable images always raise (DALI's decoders cannot skip).
         store_options: Options for :func:`fastload.open_store` when ``dataset`` is a URL.
         device_id: The GPU for ``device="gpu"``; default ``LOCAL_RANK`` or rank modulo GPUs.
+        prebuild: External mode: from the middle of an epoch on, build the pipeline of the next
+            epoch (``epoch + 1`` from step 0) in a background thread, so that its start-up
+            (seconds when worker processes must be spawned, e.g. once CUDA is initialised)
+            overlaps with training. It is used if the next iteration is that epoch, else
+            discarded. Costs a second pipeline's memory for half an epoch.
 
     Raises:
         MissingDependencyError: DALI is not installed (``pip install 'fastload[dali]'``).
@@ -153,6 +159,7 @@ class DALILoader:
         on_error: str = "raise",
         store_options: Mapping[str, Any] | None = None,
         device_id: int | None = None,
+        prebuild: bool = True,
     ) -> None:
         require_dali()
         self.batch_size = _positive("batch_size", batch_size)
@@ -192,6 +199,9 @@ class DALILoader:
         self._iter_start = 0
         self._iterating = False
         self._stats = _Stats()
+        self.prebuild = bool(prebuild)
+        self._next: tuple[int, Future[Any]] | None = None  # (epoch, pipeline being built)
+        self._builder: ThreadPoolExecutor | None = None
 
     # ---- construction helpers ---------------------------------------------------------------
 
@@ -423,11 +433,17 @@ class DALILoader:
         return int(state[0]) & 0x7FFFFFFF
 
     def _start_method(self) -> str:
+        """``fork`` unless CUDA is initialised in this process (by torch, or by an earlier GPU
+        pipeline): DALI refuses to fork then, and the workers must be spawned."""
         if self.py_start_method is not None:
             return self.py_start_method
         import torch
 
-        return "spawn" if torch.cuda.is_initialized() else "fork"  # type: ignore[no-untyped-call]
+        if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            return "spawn"
+        backend: Any = require_dali().backend
+        probe = getattr(backend, "IsDriverInitialized", None)
+        return "spawn" if probe is not None and probe() else "fork"
 
     def build_pipeline(self, epoch: int, start_step: int = 0) -> Any:
         """Build (and return) the DALI pipeline of ``epoch`` from ``start_step`` on (external
@@ -540,10 +556,15 @@ class DALILoader:
             if start >= steps:
                 return
             began = time.perf_counter()
-            pipe = self.build_pipeline(epoch, 0 if native else start)
+            pipe = self._take_prebuilt(epoch, start)
+            if pipe is None:
+                pipe = self.build_pipeline(epoch, 0 if native else start)
             # Native mode cannot start mid-epoch: replay (and discard) the batches before start.
             first = 0 if native else start
+            halfway = first + (steps - first) // 2
             for step in range(first, steps):
+                if step == halfway and self.prebuild and not native:
+                    self._start_prebuild(epoch + 1)
                 t0 = time.perf_counter()
                 try:
                     outputs = pipe.run()
@@ -581,6 +602,42 @@ class DALILoader:
             self._iterating = False
             if pipe is not None:
                 _shutdown(pipe)
+
+    def _start_prebuild(self, epoch: int) -> None:
+        if self._next is not None:
+            return
+        if self._builder is None:
+            self._builder = ThreadPoolExecutor(1, thread_name_prefix="fastload-dali-prebuild")
+        self._next = (epoch, self._builder.submit(self.build_pipeline, epoch, 0))
+
+    def _take_prebuilt(self, epoch: int, start: int) -> Any:
+        """The prebuilt pipeline if it is the one wanted (``epoch`` from step 0), else ``None``
+        (a wrong one is shut down)."""
+        if self._next is None:
+            return None
+        next_epoch, future = self._next
+        self._next = None
+        if next_epoch == epoch and start == 0 and self.reader == "external":
+            return future.result()  # a build error surfaces here, as it would have inline
+        future.add_done_callback(_discard)
+        return None
+
+    def close(self) -> None:
+        """Shut down a pipeline prebuilt for the next epoch (its threads and processes). The
+        loader stays usable; iterating builds pipelines again."""
+        if self._next is not None:
+            self._next[1].add_done_callback(_discard)
+            self._next = None
+        if self._builder is not None:
+            self._builder.shutdown(wait=True)
+            self._builder = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_next"] = None
+        state["_builder"] = None
+        state["_iterating"] = False
+        return state
 
     def _convert(
         self, outputs: Sequence[Any], step: int, plan: NativePlan | None
@@ -679,6 +736,12 @@ def _shutdown(pipe: Any) -> None:
             close()
         except Exception:  # best effort while unwinding
             pass
+
+
+def _discard(future: Future[Any]) -> None:
+    """Shut down a pipeline built for nothing (done-callback of a prebuild)."""
+    if not future.cancelled() and future.exception() is None:
+        _shutdown(future.result())
 
 
 def _to_numpy(tl: Any) -> Any:

@@ -104,6 +104,7 @@ def test_determinism_and_set_epoch(datasets: dict[str, str]) -> None:
     # augmentation depends on (seed, epoch), not on the epochs run before
     again = make(datasets["webdataset"], 8, augment=aug, seed=5)
     list(again)
+    assert again._next is not None  # epoch 1's pipeline was built in the background
     again.set_epoch(1)
     assert all(torch.equal(x[0], y[0]) for x, y in zip(c, again))
     # without set_epoch the same epoch replays
