@@ -29,9 +29,11 @@ import os
 import pickle
 import re
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -51,8 +53,9 @@ from fastload.errors import (
     InvalidArgumentError,
     ManifestError,
     ObjectNotFoundError,
+    WorkerError,
 )
-from fastload.formats import MANIFEST_NAME, Manifest, ShardEntry, ShardInfo, get_format
+from fastload.formats import MANIFEST_NAME, Format, Manifest, ShardEntry, ShardInfo, get_format
 from fastload.formats._base import FORMATS
 from fastload.formats._sample import KEY
 from fastload.formats.manifest import read_manifest, write_manifest
@@ -404,7 +407,21 @@ def _existing_manifest(store: Store) -> Manifest | bool | None:
 
 
 def _pool_context() -> multiprocessing.context.BaseContext:
+    """The start method for worker processes.
+
+    ``fork`` when this process runs a single Python thread (workers then start at once, import
+    nothing and inherit no lock another thread could hold); otherwise ``forkserver`` (``spawn``
+    where there is none), which re-imports the main script in each worker, so scripts must call
+    :func:`convert` under ``if __name__ == "__main__":``. A main script that is not a file
+    (``python - < script``) cannot be re-imported, so then fork is used anyway.
+    """
     methods = multiprocessing.get_all_start_methods()
+    if "fork" in methods:
+        main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+        if threading.active_count() == 1 or (
+            main_file is not None and not os.path.isfile(main_file)
+        ):
+            return multiprocessing.get_context("fork")
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
@@ -447,7 +464,10 @@ def convert(
             sizes). Default 256 MB when ``shard_samples`` is not given either.
         shard_samples: Maximum samples per shard. With ``shard_size`` the first limit reached wins.
         workers: Worker processes writing shards (default: ``os.cpu_count()``). 1 writes in this
-            process. ``memory://`` stores always write in this process.
+            process. ``memory://`` stores always write in this process. Workers are forked when
+            the calling process runs one thread, else started by multiprocessing's forkserver,
+            which re-imports the calling script: call ``convert`` under
+            ``if __name__ == "__main__":`` in scripts.
         shuffle: Mix the sample order with a permutation derived from ``seed``.
         seed: Seed of the permutation (only used with ``shuffle``).
         on_error: ``raise`` (stop at the first bad item; finished shards are kept and a re-run
@@ -498,229 +518,242 @@ def convert(
     source = open_source(src, source_type=source_type, store_options=source_options)
     dst_store = open_store(dst, **dict(store_options or {}))
     _check_not_inside(source, dst_store)
-
-    # 1. plan
-    plan_skipped: list[SkippedItem] = []
-
-    def report(item: str, reason: str) -> None:
-        if on_error == "raise":
-            raise ConversionError(
-                f"cannot convert {source.store.child_url(item) if ':' not in item else item}: "
-                f"{reason}; fix the input, or pass on_error='skip' (--on-error skip) to leave it "
-                f"out and list it in {SKIPPED_KEY}"
-            )
-        plan_skipped.append(SkippedItem(item, reason, None))
-
-    units = source.plan_units(report)
-    if not units:
-        raise InvalidArgumentError(
-            f"no samples to convert in {source.store.url} (source type {source.type_name}"
-            + (
-                f"; {len(plan_skipped)} items were skipped, see the reasons above"
-                if plan_skipped
-                else ""
-            )
-            + "); check the path and --source-type"
-        )
-    if shuffle:
-        units = shuffle_units(units, seed)
-    shards = plan_shards(
-        units,
-        format_name=format_name,
-        extension=fmt.extension,
-        prefix=prefix,
-        shard_samples=shard_samples,
-        shard_size=size_limit,
+    # Start the worker processes now: they import fastload while this process plans.
+    pool = (
+        _Pool(n_workers, fmt)
+        if n_workers > 1
+        and not dry_run
+        and not isinstance(dst_store, MemoryStore)
+        and not isinstance(source.store, MemoryStore)
+        else None
     )
-    options = {
-        "format": format_name,
-        "shard_size": size_limit,
-        "shard_samples": shard_samples,
-        "shuffle": bool(shuffle),
-        "seed": int(seed) if shuffle else None,
-        "prefix": prefix,
-        "map": _map_name(map_fn),
-        "source_type": SOURCES.canonical(source.type_name),
-    }
-    described = source.describe()
-    digest = plan_hash(described, options, shards)
-    est_bytes = sum(s.est_bytes for s in shards)
-    progress = Progress(len(units), est_bytes, quiet=quiet or dry_run, stream=stream)
+    try:
+        # 1. plan
+        plan_skipped: list[SkippedItem] = []
 
-    if dry_run:
+        def report(item: str, reason: str) -> None:
+            if on_error == "raise":
+                raise ConversionError(
+                    f"cannot convert {source.store.child_url(item) if ':' not in item else item}: "
+                    f"{reason}; fix the input, or pass on_error='skip' (--on-error skip) to leave it "
+                    f"out and list it in {SKIPPED_KEY}"
+                )
+            plan_skipped.append(SkippedItem(item, reason, None))
+
+        units = source.plan_units(report)
+        if not units:
+            raise InvalidArgumentError(
+                f"no samples to convert in {source.store.url} (source type {source.type_name}"
+                + (
+                    f"; {len(plan_skipped)} items were skipped, see the reasons above"
+                    if plan_skipped
+                    else ""
+                )
+                + "); check the path and --source-type"
+            )
+        if shuffle:
+            units = shuffle_units(units, seed)
+        shards = plan_shards(
+            units,
+            format_name=format_name,
+            extension=fmt.extension,
+            prefix=prefix,
+            shard_samples=shard_samples,
+            shard_size=size_limit,
+        )
+        options = {
+            "format": format_name,
+            "shard_size": size_limit,
+            "shard_samples": shard_samples,
+            "shuffle": bool(shuffle),
+            "seed": int(seed) if shuffle else None,
+            "prefix": prefix,
+            "map": _map_name(map_fn),
+            "source_type": SOURCES.canonical(source.type_name),
+        }
+        described = source.describe()
+        digest = plan_hash(described, options, shards)
+        est_bytes = sum(s.est_bytes for s in shards)
+        progress = Progress(len(units), est_bytes, quiet=quiet or dry_run, stream=stream)
+
+        if dry_run:
+            result = ConvertResult(
+                url=dst_store.url,
+                format=format_name,
+                num_samples=len(units),
+                num_shards=len(shards),
+                num_bytes=est_bytes,
+                skipped=plan_skipped,
+                dry_run=True,
+                plan_sha256=digest,
+                shard_names=[s.name for s in shards],
+                elapsed=time.monotonic() - start,
+            )
+            if not quiet:
+                _print_dry_run(stream, source, shards, result)
+            return result
+
+        # 2. destination state
+        old = _existing_manifest(dst_store)
+        if (
+            isinstance(old, Manifest)
+            and old.created_by.get("plan_sha256") == digest
+            and not overwrite
+        ):
+            dst_store.delete_many(dst_store.list_keys(STATE_PREFIX))
+            result = _result_from_manifest(dst_store, old, digest, start, plan_skipped)
+            if not quiet:
+                progress.message("the destination already holds this exact dataset; nothing to do")
+                progress.message(result.summary())
+            return result
+        resume = False
+        try:
+            plan_doc = json.loads(dst_store.get(PLAN_KEY))
+        except ObjectNotFoundError:
+            plan_doc = None
+        except ValueError:
+            plan_doc = {}
+        if not overwrite:
+            if old is not None:
+                raise DatasetExistsError(
+                    f"{dst_store.url} already holds a different dataset ({MANIFEST_NAME} was made from "
+                    "another source or with other options); pass overwrite=True (--overwrite) to "
+                    "replace it, or choose another destination"
+                )
+            if plan_doc is not None:
+                if plan_doc.get("plan_sha256") != digest:
+                    raise DatasetExistsError(
+                        f"{dst_store.url} holds an unfinished conversion of a different input or with "
+                        f"other options ({PLAN_KEY}); re-run that command to finish it, or pass "
+                        "overwrite=True (--overwrite) to start over"
+                    )
+                resume = True
+            else:
+                pattern = _shard_pattern(prefix)
+                clash = [m.key for m in dst_store.list(f"{prefix}-") if pattern.match(m.key)]
+                if clash:
+                    raise DatasetExistsError(
+                        f"{dst_store.url} already holds shards such as {clash[0]!r} that no fastload "
+                        "conversion plan accounts for; pass overwrite=True (--overwrite) to replace "
+                        "them, or choose another destination or prefix"
+                    )
+        else:
+            _clear_destination(dst_store, old if isinstance(old, Manifest) else None, prefix)
+        if not resume:
+            dst_store.put(
+                PLAN_KEY,
+                _json_bytes(
+                    {
+                        "fastload_convert_plan": _PLAN_VERSION,
+                        "plan_sha256": digest,
+                        "source": described,
+                        "options": options,
+                        "num_samples": len(units),
+                        "num_shards": len(shards),
+                        "est_bytes": est_bytes,
+                    }
+                ),
+            )
+
+        # 3. shards
+        records: dict[str, dict[str, Any]] = {}
+        if resume:
+            for shard in shards:
+                record = _valid_done(dst_store, shard.name, digest)
+                if record is not None:
+                    records[shard.name] = record
+        resumed = len(records)
+        done_samples = sum(r["info"]["num_samples"] for r in records.values())
+        done_bytes = sum(r["info"]["num_bytes"] for r in records.values())
+        progress.update(done_samples, done_bytes)
+        if resumed and not quiet:
+            progress.message(f"resuming: {resumed} of {len(shards)} shards are already done")
+        jobs = [
+            _ShardJob(source, dst_store, format_name, shard, map_fn, on_error, digest)
+            for shard in shards
+            if shard.name not in records
+        ]
+        try:
+            if pool is None or len(jobs) <= 1:
+                _run_in_process(jobs, records, progress, done_samples, done_bytes)
+            else:
+                if map_fn is not None and not isinstance(map_fn, str):
+                    _check_picklable(map_fn)
+                _run_pool(pool, jobs, records, progress, done_samples, done_bytes)
+        finally:
+            progress.close()
+
+        # 4. finish: skip report, manifest (last), state cleanup
+        skipped = list(plan_skipped)
+        infos: list[ShardInfo] = []
+        dropped = 0
+        for shard in shards:
+            record = records[shard.name]
+            skipped.extend(
+                SkippedItem(s["item"], s["reason"], s["shard"]) for s in record["skipped"]
+            )
+            dropped += int(record["dropped"])
+            info = record["info"]
+            infos.append(
+                ShardInfo(
+                    info["key"],
+                    info["num_samples"],
+                    info["num_bytes"],
+                    info["sha256"],
+                    info["index_key"],
+                    dict(info["fields"]),
+                )
+            )
+        if skipped:
+            dst_store.put(
+                SKIPPED_KEY,
+                "".join(
+                    json.dumps(s.to_json(), sort_keys=True, ensure_ascii=False) + "\n"
+                    for s in skipped
+                ).encode("utf-8"),
+            )
+        else:
+            dst_store.delete_many([SKIPPED_KEY])
+        import fastload
+
+        manifest = Manifest(
+            format=format_name,
+            shards=[ShardEntry.from_info(i) for i in infos],
+            schema=Manifest.schema_from_fields(i.fields for i in infos),
+            created_by={
+                "tool": "fastload convert",
+                "version": fastload.__version__,
+                "source": described,
+                "options": options,
+                "plan_sha256": digest,
+                "skipped": len(skipped),
+                "dropped": dropped,
+            },
+            metadata=source.metadata(),
+        )
+        write_manifest(dst_store, manifest)
+        dst_store.delete_many(dst_store.list_keys(STATE_PREFIX))
         result = ConvertResult(
             url=dst_store.url,
             format=format_name,
-            num_samples=len(units),
-            num_shards=len(shards),
-            num_bytes=est_bytes,
-            skipped=plan_skipped,
-            dry_run=True,
-            plan_sha256=digest,
-            shard_names=[s.name for s in shards],
+            num_samples=manifest.num_samples,
+            num_shards=len(manifest.shards),
+            num_bytes=manifest.num_bytes,
+            skipped=skipped,
+            dropped=dropped,
             elapsed=time.monotonic() - start,
+            resumed_shards=resumed,
+            plan_sha256=digest,
+            manifest=manifest,
+            skipped_report=dst_store.child_url(SKIPPED_KEY) if skipped else None,
+            shard_names=[s.name for s in manifest.shards],
         )
         if not quiet:
-            _print_dry_run(stream, source, shards, result)
-        return result
-
-    # 2. destination state
-    old = _existing_manifest(dst_store)
-    if isinstance(old, Manifest) and old.created_by.get("plan_sha256") == digest and not overwrite:
-        dst_store.delete_many(dst_store.list_keys(STATE_PREFIX))
-        result = _result_from_manifest(dst_store, old, digest, start, plan_skipped)
-        if not quiet:
-            progress.message("the destination already holds this exact dataset; nothing to do")
             progress.message(result.summary())
         return result
-    resume = False
-    try:
-        plan_doc = json.loads(dst_store.get(PLAN_KEY))
-    except ObjectNotFoundError:
-        plan_doc = None
-    except ValueError:
-        plan_doc = {}
-    if not overwrite:
-        if old is not None:
-            raise DatasetExistsError(
-                f"{dst_store.url} already holds a different dataset ({MANIFEST_NAME} was made from "
-                "another source or with other options); pass overwrite=True (--overwrite) to "
-                "replace it, or choose another destination"
-            )
-        if plan_doc is not None:
-            if plan_doc.get("plan_sha256") != digest:
-                raise DatasetExistsError(
-                    f"{dst_store.url} holds an unfinished conversion of a different input or with "
-                    f"other options ({PLAN_KEY}); re-run that command to finish it, or pass "
-                    "overwrite=True (--overwrite) to start over"
-                )
-            resume = True
-        else:
-            pattern = _shard_pattern(prefix)
-            clash = [m.key for m in dst_store.list(f"{prefix}-") if pattern.match(m.key)]
-            if clash:
-                raise DatasetExistsError(
-                    f"{dst_store.url} already holds shards such as {clash[0]!r} that no fastload "
-                    "conversion plan accounts for; pass overwrite=True (--overwrite) to replace "
-                    "them, or choose another destination or prefix"
-                )
-    else:
-        _clear_destination(dst_store, old if isinstance(old, Manifest) else None, prefix)
-    if not resume:
-        dst_store.put(
-            PLAN_KEY,
-            _json_bytes(
-                {
-                    "fastload_convert_plan": _PLAN_VERSION,
-                    "plan_sha256": digest,
-                    "source": described,
-                    "options": options,
-                    "num_samples": len(units),
-                    "num_shards": len(shards),
-                    "est_bytes": est_bytes,
-                }
-            ),
-        )
-
-    # 3. shards
-    records: dict[str, dict[str, Any]] = {}
-    if resume:
-        for shard in shards:
-            record = _valid_done(dst_store, shard.name, digest)
-            if record is not None:
-                records[shard.name] = record
-    resumed = len(records)
-    done_samples = sum(r["info"]["num_samples"] for r in records.values())
-    done_bytes = sum(r["info"]["num_bytes"] for r in records.values())
-    progress.update(done_samples, done_bytes)
-    if resumed and not quiet:
-        progress.message(f"resuming: {resumed} of {len(shards)} shards are already done")
-    jobs = [
-        _ShardJob(source, dst_store, format_name, shard, map_fn, on_error, digest)
-        for shard in shards
-        if shard.name not in records
-    ]
-    in_process = (
-        n_workers <= 1
-        or len(jobs) <= 1
-        or isinstance(dst_store, MemoryStore)
-        or isinstance(source.store, MemoryStore)
-    )
-    try:
-        if in_process:
-            _run_in_process(jobs, records, progress, done_samples, done_bytes)
-        else:
-            if map_fn is not None and not isinstance(map_fn, str):
-                _check_picklable(map_fn)
-            _run_pool(jobs, records, progress, min(n_workers, len(jobs)), done_samples, done_bytes)
     finally:
-        progress.close()
-
-    # 4. finish: skip report, manifest (last), state cleanup
-    skipped = list(plan_skipped)
-    infos: list[ShardInfo] = []
-    dropped = 0
-    for shard in shards:
-        record = records[shard.name]
-        skipped.extend(SkippedItem(s["item"], s["reason"], s["shard"]) for s in record["skipped"])
-        dropped += int(record["dropped"])
-        info = record["info"]
-        infos.append(
-            ShardInfo(
-                info["key"],
-                info["num_samples"],
-                info["num_bytes"],
-                info["sha256"],
-                info["index_key"],
-                dict(info["fields"]),
-            )
-        )
-    if skipped:
-        dst_store.put(
-            SKIPPED_KEY,
-            "".join(
-                json.dumps(s.to_json(), sort_keys=True, ensure_ascii=False) + "\n" for s in skipped
-            ).encode("utf-8"),
-        )
-    else:
-        dst_store.delete_many([SKIPPED_KEY])
-    import fastload
-
-    manifest = Manifest(
-        format=format_name,
-        shards=[ShardEntry.from_info(i) for i in infos],
-        schema=Manifest.schema_from_fields(i.fields for i in infos),
-        created_by={
-            "tool": "fastload convert",
-            "version": fastload.__version__,
-            "source": described,
-            "options": options,
-            "plan_sha256": digest,
-            "skipped": len(skipped),
-            "dropped": dropped,
-        },
-        metadata=source.metadata(),
-    )
-    write_manifest(dst_store, manifest)
-    dst_store.delete_many(dst_store.list_keys(STATE_PREFIX))
-    result = ConvertResult(
-        url=dst_store.url,
-        format=format_name,
-        num_samples=manifest.num_samples,
-        num_shards=len(manifest.shards),
-        num_bytes=manifest.num_bytes,
-        skipped=skipped,
-        dropped=dropped,
-        elapsed=time.monotonic() - start,
-        resumed_shards=resumed,
-        plan_sha256=digest,
-        manifest=manifest,
-        skipped_report=dst_store.child_url(SKIPPED_KEY) if skipped else None,
-        shard_names=[s.name for s in manifest.shards],
-    )
-    if not quiet:
-        progress.message(result.summary())
-    return result
+        if pool is not None:
+            pool.shutdown()
 
 
 def _check_not_inside(source: Source, dst: Store) -> None:
@@ -765,44 +798,67 @@ def _run_in_process(
         _COUNTERS = previous
 
 
+class _Pool:
+    """Worker processes for shard jobs, started before planning (see :func:`_pool_context` for the
+    start method; a forkserver preloads the conversion and format writer modules)."""
+
+    def __init__(self, n_workers: int, fmt: Format) -> None:
+        ctx = _pool_context()
+        if ctx.get_start_method() == "forkserver":
+            # Only takes effect if this process's forkserver is not running yet.
+            ctx.set_forkserver_preload([__name__, fmt.writer.__module__])
+        self.samples, self.nbytes = ctx.Value("q", 0), ctx.Value("q", 0)
+        self.counters = _Counters(self.samples, self.nbytes)
+        self.executor = ProcessPoolExecutor(
+            max_workers=n_workers,
+            mp_context=ctx,
+            initializer=_init_worker,
+            initargs=(self.samples, self.nbytes),
+        )
+        for _ in range(n_workers):  # each submit starts one worker process
+            self.executor.submit(get_format, fmt.name)
+
+    def shutdown(self) -> None:
+        """Cancel jobs not started, wait for running ones (they finish their shard)."""
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+
 def _run_pool(
+    pool: _Pool,
     jobs: Sequence[_ShardJob],
     records: dict[str, dict[str, Any]],
     progress: Progress,
-    n_workers: int,
     base_samples: int,
     base_bytes: int,
 ) -> None:
-    ctx = _pool_context()
-    samples, nbytes = ctx.Value("q", 0), ctx.Value("q", 0)
-    counters = _Counters(samples, nbytes)
-    executor = ProcessPoolExecutor(
-        max_workers=n_workers, mp_context=ctx, initializer=_init_worker, initargs=(samples, nbytes)
-    )
     failure: BaseException | None = None
-    try:
-        pending: dict[Future[dict[str, Any]], _ShardJob] = {
-            executor.submit(_write_shard, job): job for job in jobs
-        }
-        while pending:
-            finished, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-            for fut in finished:
-                job = pending.pop(fut)
-                exc = fut.exception()
-                if exc is not None:
-                    failure = failure or exc
-                    continue
-                records[job.shard.name] = fut.result()
-            if failure is not None:
-                for fut in pending:
-                    fut.cancel()
-                break
-            s, b = counters.totals()
-            progress.update(base_samples + s, base_bytes + b)
-    finally:
-        executor.shutdown(wait=True, cancel_futures=True)
-    if failure is not None:
-        raise failure
+    pending: dict[Future[dict[str, Any]], _ShardJob] = {
+        pool.executor.submit(_write_shard, job): job for job in jobs
+    }
+    while pending:
+        finished, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+        for fut in finished:
+            job = pending.pop(fut)
+            exc = fut.exception()
+            if isinstance(exc, BrokenProcessPool):
+                exc = WorkerError(
+                    f"a conversion worker process died while writing {job.shard.name} ({exc}); "
+                    "it may have run out of memory or been killed. Finished shards are kept: "
+                    "re-run the same command to resume (workers=1 runs in this process). When "
+                    "calling fastload.convert from a script, call it under "
+                    "`if __name__ == '__main__':`"
+                )
+            if exc is not None:
+                failure = failure or exc
+                continue
+            records[job.shard.name] = fut.result()
+        if failure is not None:
+            for fut in pending:
+                fut.cancel()
+            pool.shutdown()
+            raise failure
+        s, b = pool.counters.totals()
+        progress.update(base_samples + s, base_bytes + b)
 
 
 def _result_from_manifest(
