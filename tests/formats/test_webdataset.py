@@ -6,10 +6,12 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,53 @@ def test_registry_entry() -> None:
     assert fmt.reader is WebDatasetReader
 
 
+class _ForwardOnlyRaw(io.RawIOBase):
+    """A stream that cannot seek and returns at most 700 bytes per read."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__()
+        self._data, self._pos = data, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = min(len(buffer), len(self._data) - self._pos, 700)
+        buffer[:n] = self._data[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+
+class _ForwardOnlyStore(MemoryStore):
+    """A store whose reader is a forward-only stream (like a plain HTTP body)."""
+
+    def open_reader(self, key: str, *, chunk_size: int = 0) -> io.BufferedIOBase:
+        return io.BufferedReader(_ForwardOnlyRaw(self.get(key)), buffer_size=1024)
+
+
+#: How a shard reaches the reader: a memory map (local), a seekable ranged stream (memory), a
+#: stream that cannot seek.
+_STORE_KINDS = ["local", "memory", "forward-only"]
+
+
+@pytest.fixture(params=_STORE_KINDS)
+def corrupt_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """``make(name, data)``: a store of the parametrised kind holding ``data`` as ``bad.tar``."""
+
+    def make(name: str, data: bytes) -> Store:
+        store: Store
+        if request.param == "local":
+            store = LocalStore(tmp_path / name)
+        elif request.param == "memory":
+            store = MemoryStore(name)
+        else:
+            store = _ForwardOnlyStore(name + "-fwd")
+        store.put("bad.tar", data)
+        return store
+
+    return make
+
+
 # ---- round trips -----------------------------------------------------------------------------
 
 _SEGMENT = st.text(
@@ -101,10 +150,20 @@ def _sample_lists(draw: st.DrawFn) -> list[dict[str, Any]]:
     return out
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@pytest.mark.parametrize("kind", _STORE_KINDS)
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(samples=_sample_lists())
-def test_round_trip_hypothesis(samples: list[dict[str, Any]]) -> None:
-    store = MemoryStore("wds-hyp")
+def test_round_trip_hypothesis(kind: str, samples: list[dict[str, Any]]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        store: Store = {
+            "local": lambda: LocalStore(tmp),
+            "memory": lambda: MemoryStore("wds-hyp"),
+            "forward-only": lambda: _ForwardOnlyStore("wds-hyp-fwd"),
+        }[kind]()
+        _check_round_trip(store, samples)
+
+
+def _check_round_trip(store: Store, samples: list[dict[str, Any]]) -> None:
     info = _write(store, samples)
     got = list(WebDatasetReader(store, KEY))
     assert [s["__key__"] for s in got] == [s["__key__"] for s in samples]
@@ -460,52 +519,57 @@ def test_dali_reads_our_shards_with_our_index(tmp_path: Path) -> None:
 # ---- corrupt input -------------------------------------------------------------------------
 
 
-def _corrupt_store(name: str, data: bytes) -> MemoryStore:
-    store = MemoryStore(name)
-    store.put("bad.tar", data)
-    return store
-
-
 def _good_tar(n: int = 6) -> bytes:
     store = MemoryStore("wds-good-src")
     _write(store, _samples(n, size=100), key="g.tar", index=False)
     return store.get("g.tar")
 
 
-def test_truncated_shard() -> None:
+def test_truncated_shard(corrupt_store: Any) -> None:
     data = _good_tar()
-    url_store = _corrupt_store("wds-trunc", data[: len(data) - 1024 - 700])
-    with pytest.raises(
-        CorruptDataError, match=r"truncated.*memory://wds-trunc/bad.tar.*byte offset"
-    ) as ei:
+    url_store = corrupt_store("wds-trunc", data[: len(data) - 1024 - 700])
+    url = url_store.child_url("bad.tar")
+    with pytest.raises(CorruptDataError, match=rf"truncated.*{re.escape(url)}.*byte offset") as ei:
         list(WebDatasetReader(url_store, "bad.tar"))
-    assert ei.value.url == "memory://wds-trunc/bad.tar"
+    assert ei.value.url == url
+    assert "inside a header block" in str(ei.value)
+    assert ei.value.offset == 11264  # s0005.cls's header: 5 samples of 4 blocks, then 1 block
     assert ei.value.offset is not None
     reader = WebDatasetReader(url_store, "bad.tar", on_error="skip")
     got = list(reader)
     assert [g["__key__"] for g in got] == [f"s{i:04d}" for i in range(5)]
     assert reader.skipped == 1
     # Cut exactly at a member boundary: only the end-of-archive blocks are missing.
-    store = _corrupt_store("wds-trunc2", data[:-1024])
+    store = corrupt_store("wds-trunc2", data[:-1024])
     with pytest.raises(CorruptDataError, match="end-of-archive"):
         list(WebDatasetReader(store, "bad.tar"))
     # Cut inside a header.
-    store = _corrupt_store("wds-trunc3", data[: 1024 + 100])
+    store = corrupt_store("wds-trunc3", data[: 1024 + 100])
     with pytest.raises(CorruptDataError, match="inside a header") as ei:
         list(WebDatasetReader(store, "bad.tar"))
     assert ei.value.offset == 1024
+    # Cut inside a member's data.
+    store = corrupt_store("wds-trunc4", data[: 4 * 512 + 512 + 50])
+    with pytest.raises(CorruptDataError, match=r"inside member 's0001\.jpg'") as ei:
+        list(WebDatasetReader(store, "bad.tar"))
+    assert ei.value.offset == 4 * 512 + 512 + 50
+    # An empty file.
+    store = corrupt_store("wds-trunc5", b"")
+    with pytest.raises(CorruptDataError, match="without the end-of-archive") as ei:
+        list(WebDatasetReader(store, "bad.tar"))
+    assert ei.value.offset == 0
 
 
-def test_flipped_header_byte() -> None:
+def test_flipped_header_byte(corrupt_store: Any) -> None:
     data = bytearray(_good_tar())
     # Sample 2's jpg header: samples are jpg (100+i bytes → 1 block) + cls: 4 blocks each.
     at = 2 * 4 * 512
     data[at + 3] ^= 0x01
-    store = _corrupt_store("wds-flip", bytes(data))
+    store = corrupt_store("wds-flip", bytes(data))
     with pytest.raises(CorruptDataError, match="checksum") as ei:
         list(WebDatasetReader(store, "bad.tar"))
     assert ei.value.offset == at
-    assert "memory://wds-flip/bad.tar" in str(ei.value)
+    assert store.child_url("bad.tar") in str(ei.value)
     reader = WebDatasetReader(store, "bad.tar", on_error="skip")
     got = list(reader)
     # The lost member may have belonged to the sample before the corrupt header or to the one
@@ -517,8 +581,8 @@ def test_flipped_header_byte() -> None:
         build_index(store, "bad.tar")
 
 
-def test_garbage_is_not_a_tar() -> None:
-    store = _corrupt_store("wds-garbage", b"this is not a tar archive\n" * 100)
+def test_garbage_is_not_a_tar(corrupt_store: Any) -> None:
+    store = corrupt_store("wds-garbage", b"this is not a tar archive\n" * 100)
     with pytest.raises(CorruptDataError, match=r"checksum.*byte offset 0"):
         list(WebDatasetReader(store, "bad.tar"))
     reader = WebDatasetReader(store, "bad.tar", on_error="skip")
@@ -536,7 +600,7 @@ def test_garbage_is_not_a_tar() -> None:
         ("fifo", "FIFO, not a regular file"),
     ],
 )
-def test_unsafe_members(member: str, message: str) -> None:
+def test_unsafe_members(corrupt_store: Any, member: str, message: str) -> None:
     good = [(_reg("a.jpg"), b"1"), (_reg("a.cls"), b"1")]
     tail = [(_reg("c.jpg"), b"3"), (_reg("c.cls"), b"3")]
     if member in ("symlink", "hardlink", "fifo"):
@@ -551,7 +615,7 @@ def test_unsafe_members(member: str, message: str) -> None:
     else:
         bad = [(_reg(f"{member}.jpg"), b"2"), (_reg(f"{member}.cls"), b"2")]
     data = _tar_bytes(good + bad + tail, tarfile.USTAR_FORMAT)
-    store = _corrupt_store(f"wds-unsafe-{member.strip('./')}", data)
+    store = corrupt_store(f"wds-unsafe-{member.strip('./')}", data)
     with pytest.raises(CorruptDataError, match=message) as ei:
         list(WebDatasetReader(store, "bad.tar"))
     assert ei.value.offset == 2048  # a.jpg, a.cls: 2 blocks each
@@ -568,11 +632,11 @@ def test_unsafe_members(member: str, message: str) -> None:
         build_index(store, "bad.tar")
 
 
-def test_duplicate_field_in_sample() -> None:
+def test_duplicate_field_in_sample(corrupt_store: Any) -> None:
     data = _tar_bytes(
         [(_reg("a.jpg"), b"1"), (_reg("a.jpg"), b"2"), (_reg("b.jpg"), b"3")], tarfile.USTAR_FORMAT
     )
-    store = _corrupt_store("wds-dup", data)
+    store = corrupt_store("wds-dup", data)
     with pytest.raises(CorruptDataError, match="appears twice"):
         list(WebDatasetReader(store, "bad.tar"))
     reader = WebDatasetReader(store, "bad.tar", on_error="warn")
@@ -670,6 +734,26 @@ def test_reader_pickles_without_its_index(tmp_path: Path) -> None:
     assert clone.policy.on_error == "skip"
     assert len(clone) == 4
     assert clone.read(3) == reader.read(3)
+    # read() maps the local shard; the map is not pickled, and close() unmaps it.
+    assert reader._map is not None
+    assert pickle.loads(pickle.dumps(reader))._map is None
+    reader.close()
+    assert reader._map is None
+    assert reader.read(0)["__key__"] == "s0000"
+
+
+def test_read_checks_data_length_after_the_shard_shrank(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    _write(store, _samples(4, size=2000))
+    reader = WebDatasetReader(store, KEY)
+    assert len(reader) == 4  # the index is loaded (and checked) against the full shard
+    jpg3 = parse_index(store.get(KEY + ".idx"))[3][0]
+    store.put(KEY, store.get(KEY)[: jpg3.offset + 1000])  # replaced, atomically: s0003.jpg cut
+    assert reader.read(2)["__key__"] == "s0002"
+    with pytest.raises(CorruptDataError, match="shard ends after 1000") as ei:
+        reader.read(3)
+    assert ei.value.url == store.child_url(KEY)
+    assert ei.value.offset == jpg3.offset
 
 
 def test_huge_member_size_uses_pax_and_base256_is_read() -> None:

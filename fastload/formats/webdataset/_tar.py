@@ -307,9 +307,10 @@ class ShardView(Protocol):
 class StreamView:
     """A :class:`ShardView` over a binary stream, for shards that are not local files.
 
-    :func:`scan` slices in increasing order, so a stream that cannot seek is only read forward
-    (gaps are read and dropped); a seekable stream is positioned with ``seek`` when a slice
-    starts elsewhere. Slices must have a start and a stop and no step.
+    :func:`scan` slices in increasing order (it may ask for the last slice again, which is kept),
+    so a stream that cannot seek is only read forward (gaps are read and dropped); a seekable
+    stream is positioned with ``seek`` when a slice starts elsewhere. Slices must have a start
+    and a stop and no step.
 
     Args:
         stream: The stream, positioned at byte ``position`` of the shard.
@@ -317,13 +318,15 @@ class StreamView:
         position: The shard offset of the stream's current position.
     """
 
-    __slots__ = ("_pos", "_read", "_size", "_stream")
+    __slots__ = ("_last", "_last_start", "_pos", "_read", "_size", "_stream")
 
     def __init__(self, stream: io.BufferedIOBase, size: int, position: int = 0) -> None:
         self._stream = stream
         self._read = stream.read
         self._size = size
         self._pos = position
+        self._last = b""  # the last slice returned, which began at _last_start
+        self._last_start = -1
 
     def __len__(self) -> int:
         return self._size
@@ -331,6 +334,8 @@ class StreamView:
     def __getitem__(self, item: slice, /) -> bytes:
         start, stop = item.start, item.stop
         if start != self._pos:
+            if start == self._last_start and stop - start == len(self._last):
+                return self._last
             self._move(start)
         n = min(stop, self._size) - start
         if n <= 0:
@@ -344,6 +349,7 @@ class StreamView:
                 got += len(more)
             data = b"".join(parts)
         self._pos = start + len(data)
+        self._last, self._last_start = data, start
         return data
 
     def _move(self, offset: int) -> None:
@@ -433,10 +439,17 @@ def scan(
                 if msize >= 0:
                     data_offset = pos + BLOCK
                     data = shard[data_offset : data_offset + msize]
-                    if len(data) == msize:
-                        yield (name, REGULAR, "regular file", pos, data_offset, msize, data)
-                        pos = data_offset + msize + (-msize % BLOCK)
-                        continue
+                    if len(data) != msize:
+                        yield _truncated(
+                            url,
+                            data_offset + len(data),
+                            f"inside member {name!r}, which declares {msize} bytes at byte "
+                            f"offset {data_offset}",
+                        )
+                        return
+                    yield (name, REGULAR, "regular file", pos, data_offset, msize, data)
+                    pos = data_offset + msize + (-msize % BLOCK)
+                    continue
         chk = hdr[148:156]
         expected = cache_get(chk)
         if expected is None:
