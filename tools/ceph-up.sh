@@ -10,12 +10,16 @@
 # already up and answering, its settings are printed and nothing is started (exit 0). A run
 # directory left behind by a killed cluster (no recorded daemon alive) is removed and started over.
 #
-# Env: CEPH_RUN (/tmp/fastload-ceph), RGW_PORT (7480), MEMSTORE_BYTES (OSD capacity, default 3 GiB;
+# Env: CEPH_RUN (/tmp/fastload-ceph), RGW_PORT (7480), MON_PORT and MON_V1_PORT (3300, 6789; other
+# ports let a second cluster run beside the first, with another CEPH_RUN), MEMSTORE_BYTES (OSD capacity, default 3 GiB;
 # the OSD holds ~2x the stored bytes in RAM), S3_ACCESS_KEY, S3_SECRET_KEY.
 set -euo pipefail
 T0=$(date +%s.%N)
 RUN=${CEPH_RUN:-/tmp/fastload-ceph}
 RGW_PORT=${RGW_PORT:-7480}
+MON_PORT=${MON_PORT:-3300}        # msgr2; the legacy msgr1 port is MON_V1_PORT
+MON_V1_PORT=${MON_V1_PORT:-6789}
+MON_ADDR="[v2:127.0.0.1:$MON_PORT,v1:127.0.0.1:$MON_V1_PORT]"
 MEMSTORE_BYTES=${MEMSTORE_BYTES:-$((3 * 1024 * 1024 * 1024))}
 S3_ACCESS_KEY=${S3_ACCESS_KEY:-CIACCESSKEY000000001}
 S3_SECRET_KEY=${S3_SECRET_KEY:-CIsecretkey0000000000000000000000000001}
@@ -59,7 +63,7 @@ fi
 for bin in ceph-mon ceph-osd radosgw radosgw-admin ceph ceph-authtool monmaptool; do
   command -v "$bin" >/dev/null || { echo "ceph-up: $bin not found; apt-get install -y --no-install-recommends ceph-mon ceph-osd radosgw ceph-common" >&2; exit 2; }
 done
-for p in 3300 6789 "$RGW_PORT"; do
+for p in "$MON_PORT" "$MON_V1_PORT" "$RGW_PORT"; do
   (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && { echo "ceph-up: port 127.0.0.1:$p already in use by another process" >&2; exit 1; }
 done
 mkdir -p "$RUN"/{mon/ceph-a,osd/ceph-0,rgw,log,asok,pid,crash}
@@ -71,7 +75,7 @@ cat >"$CONF" <<CONF
 [global]
 fsid = $FSID
 mon_initial_members = a
-mon_host = [v2:127.0.0.1:3300,v1:127.0.0.1:6789]
+mon_host = $MON_ADDR
 public_network = 127.0.0.0/8
 public_addr = 127.0.0.1
 cluster_addr = 127.0.0.1
@@ -129,7 +133,7 @@ ceph-authtool --create-keyring "$RUN/mon.keyring" --gen-key -n mon. --cap mon 'a
 ceph-authtool --create-keyring "$RUN/ceph.client.admin.keyring" --gen-key -n client.admin \
   --cap mon 'allow *' --cap osd 'allow *' --cap mgr 'allow *' >/dev/null
 ceph-authtool "$RUN/mon.keyring" --import-keyring "$RUN/ceph.client.admin.keyring" >/dev/null
-monmaptool --create --fsid "$FSID" --addv a '[v2:127.0.0.1:3300,v1:127.0.0.1:6789]' "$RUN/monmap" >/dev/null
+monmaptool --create --fsid "$FSID" --addv a "$MON_ADDR" "$RUN/monmap" >/dev/null
 ceph-mon --mkfs -i a --monmap "$RUN/monmap" --keyring "$RUN/mon.keyring" >"$RUN/log/mon.a.mkfs" 2>&1 ||
   die "mon mkfs failed: $(cat "$RUN/log/mon.a.mkfs")"
 cp "$RUN/mon.keyring" "$RUN/mon/ceph-a/keyring"

@@ -19,7 +19,9 @@ import fcntl
 import http.client
 import os
 import shutil
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,8 +36,11 @@ __all__ = [
     "acquire",
     "ceph_cluster",
     "ceph_missing",
+    "is_sole_user",
     "release",
     "run_dir",
+    "start_rgw",
+    "stop_rgw",
     "tools_dir",
 ]
 
@@ -266,3 +271,64 @@ def ceph_cluster() -> Iterator[CephS3]:
         yield cluster
     finally:
         release(cluster)
+
+
+def stop_rgw(cluster: CephS3, sig: int = signal.SIGKILL) -> None:
+    """Stop radosgw of ``cluster`` (SIGKILL by default, as a crash) and wait until it is gone.
+
+    For fault tests. Every user of the shared cluster sees the outage, so call it only from
+    tests that own the machine (CI) or accept that other sessions' requests fail meanwhile.
+    """
+    pid_file = Path(cluster.run_dir) / "pid" / "rgw"
+    pid = int(pid_file.read_text())
+    environ = Path(f"/proc/{pid}/environ")
+    try:
+        if f"CEPH_CONF={cluster.run_dir}/ceph.conf".encode() not in environ.read_bytes():
+            raise CephStartError(f"pid {pid} in {pid_file} is not this cluster's radosgw")
+        os.kill(pid, sig)
+    except (FileNotFoundError, ProcessLookupError):
+        return  # already gone
+    deadline = time.monotonic() + 30
+    while _answers(cluster.endpoint_url, timeout=0.5) or _pid_is_process(pid):
+        if time.monotonic() > deadline:
+            raise CephStartError(f"radosgw (pid {pid}) did not stop within 30 s")
+        time.sleep(0.05)
+
+
+def start_rgw(cluster: CephS3, timeout: float = 60.0) -> None:
+    """Start radosgw of ``cluster`` again (after :func:`stop_rgw`) and wait until it answers."""
+    run = Path(cluster.run_dir)
+    env = {**os.environ, "CEPH_CONF": str(run / "ceph.conf")}
+    with open(run / "log" / "rgw.stdout", "ab") as log:
+        proc = subprocess.Popen(
+            ["radosgw", "-f", "-n", "client.rgw.local"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # not in the test runner's process group (Ctrl-C)
+        )
+    (run / "pid" / "rgw").write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + timeout
+    while not _answers(cluster.endpoint_url, timeout=0.5):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise CephStartError(
+                f"radosgw did not come back on {cluster.endpoint_url}; see {run}/log"
+            )
+        time.sleep(0.05)
+
+
+def _pid_is_process(pid: int) -> bool:
+    """True while ``pid`` is a running (not zombie) process."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def is_sole_user(cluster: CephS3) -> bool:
+    """True if no other live process uses the cluster (so a fault test may restart radosgw)."""
+    run = Path(cluster.run_dir)
+    with _locked(run):
+        return _users(run) == [os.getpid()]

@@ -21,7 +21,7 @@ from fastload.errors import (
 )
 from fastload.storage import ByteRange, RetryConfig, RetryStore, Store, open_store
 from fastload.storage._s3 import MIN_PART_SIZE, S3Config, S3Store
-from fastload.testing.ceph import CephS3
+from fastload.testing.ceph import CephS3, is_sole_user, start_rgw, stop_rgw
 from fastload.testing.store import StoreTests
 
 SECRET = "not-the-real-secret-0123456789abcdef"
@@ -451,3 +451,27 @@ def test_writer_retries_a_failed_part(ceph_s3: CephS3, s3_bucket: str, s3_client
         w.write(data)
     assert not store2.exists("failed")
     assert s3_client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []
+
+
+@pytest.mark.ceph
+def test_stream_resumes_after_radosgw_restart(ceph_s3: CephS3, s3_client: Any) -> None:
+    if not is_sole_user(ceph_s3):
+        pytest.skip("other processes use this Ceph cluster; killing radosgw would disturb them")
+    # Not the s3_bucket fixture: after radosgw was SIGKILLed, the next bucket deletion can wait
+    # ~25 s (for the dead gateway's watch to time out), so this bucket stays, emptied.
+    bucket = f"fl-restart-{os.getpid()}"
+    s3_client.create_bucket(Bucket=bucket)
+    store = _store(ceph_s3, bucket, stream_resume_attempts=10)
+    data = _blob(48 * 1024 * 1024, seed=13)
+    store.put("restart", data)
+    with store.open_reader("restart", chunk_size=64 * 1024) as reader:
+        head = reader.read(1024 * 1024)
+        stop_rgw(ceph_s3)  # SIGKILL mid-stream; the socket may still hold some buffered bytes
+        try:
+            with pytest.raises(TransientStoreError, match=r"127\.0\.0\.1"):
+                store.head("restart")  # down: a retryable error naming the endpoint, at once
+        finally:
+            start_rgw(ceph_s3)
+        rest = reader.read()
+    store.delete("restart")
+    assert head + rest == data
