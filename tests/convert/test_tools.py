@@ -140,3 +140,40 @@ def test_inspect_without_manifest(tmp_path: Path) -> None:
     proc = _cli("inspect", str(tmp_path))
     assert proc.returncode == 1
     assert "fastload index" in proc.stderr
+
+
+def test_index_and_convert_unindexed_tfrecords(tmp_path: Path, cv: Any) -> None:
+    if "tfrecord" not in cv.real_formats():
+        pytest.skip("the tfrecord format has not landed yet")
+    from fastload.formats import get_format
+
+    fmt = get_format("tfrecord")
+    src = tmp_path / "tfr"
+    store = open_store(src)
+    expected = {}
+    for s in range(2):
+        with fmt.writer(store, f"train.{s}.tfrecords", index=False) as writer:
+            for i in range(4):
+                sample = {
+                    "__key__": f"k{s}{i}",
+                    "jpg": bytes([i]) * (i + 1),
+                    "cls": str(s).encode(),
+                }
+                writer.write(sample)
+                expected[sample["__key__"]] = {"jpg": sample["jpg"], "cls": sample["cls"]}
+    assert not list(src.glob("*.idx"))
+    # convert straight from the unindexed directory (samples are counted by reading)
+    result = fc.convert(src, tmp_path / "wds", format="webdataset", workers=1, quiet=True)
+    assert result.num_samples == 8
+    assert cv.read_dataset(tmp_path / "wds") == expected
+    # index it into a dataset: .idx files and a manifest, which verify accepts
+    result_index = fc.index_dataset(src)
+    assert result_index.format == "tfrecord"
+    assert sorted(result_index.indexed) == ["train.0.tfrecords.idx", "train.1.tfrecords.idx"]
+    assert result_index.manifest_written
+    assert fc.verify_dataset(src).ok
+    assert cv.read_dataset(src) == expected
+    # a second run finds everything up to date
+    again = fc.index_dataset(src)
+    assert again.indexed == []
+    assert len(again.unchanged) == 2
