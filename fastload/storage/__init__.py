@@ -1,20 +1,23 @@
 """Storage: bytes under keys, on any backend, behind one small interface.
 
-Open a store by URL with :func:`open_store`; wrap it with :class:`RetryStore`,
-:class:`LimitStore` (and, for remote stores, a local cache) to add cross-cutting behaviour.
-Backends never know about shard formats.
+Open a store by URL with :func:`open_store`, which also adds the cross-cutting behaviour as
+wrappers: retries (:class:`RetryStore`, on by default for network stores), a concurrency limit
+(:class:`LimitStore`) and a local disk cache (:class:`CachingStore`); :func:`wrap_store` stacks the
+same wrappers around a store you already have. Backends never know about shard formats.
 """
 
 from fastload.storage._base import ByteRange, ObjectMeta, ObjectWriter, Store, validate_key
+from fastload.storage._cache import CachingStore, parse_size
 from fastload.storage._limit import LimitStore
 from fastload.storage._local import LocalStore
 from fastload.storage._memory import MemoryStore
-from fastload.storage._registry import known_schemes, open_store, register_store
+from fastload.storage._registry import known_schemes, open_store, register_store, wrap_store
 from fastload.storage._retry import RetryConfig, RetryStore
 from fastload.storage._wrapper import WrapperStore
 
 __all__ = [
     "ByteRange",
+    "CachingStore",
     "LimitStore",
     "LocalStore",
     "MemoryStore",
@@ -26,6 +29,8 @@ __all__ = [
     "WrapperStore",
     "known_schemes",
     "open_store",
+    "parse_size",
     "register_store",
     "validate_key",
+    "wrap_store",
 ]

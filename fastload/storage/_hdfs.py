@@ -22,7 +22,7 @@ import os
 import threading
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from fastload._plugins import require
@@ -139,8 +139,14 @@ class HDFSStore(Store):
         self._local = threading.local()
         self._pid = os.getpid()
 
+    #: :func:`fastload.open_store` wraps HDFS stores in a :class:`~fastload.storage.RetryStore`
+    #: unless told otherwise (``retry=False``).
+    default_retry: ClassVar[bool] = True
+
     @classmethod
     def from_url(cls, url: str, **options: Any) -> HDFSStore:
+        """Open ``hdfs://namenode:port/path`` as a bare store (retries are added by
+        :func:`fastload.open_store`)."""
         return cls(url, **options)
 
     def __getstate__(self) -> dict[str, Any]:

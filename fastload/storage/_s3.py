@@ -11,6 +11,8 @@ Built on boto3 (chosen by measurement against the local Ceph RGW; see
 * **Addressing**: with ``endpoint_url`` set (RGW, MinIO) path-style addressing is the default.
 * **Retries**: botocore's own retries are off by default (``botocore_max_attempts=1``): one policy,
   :class:`fastload.storage.RetryStore`, owns backoff and the retry budget, so retries do not multiply.
+  :func:`fastload.open_store` adds it for ``s3://`` URLs by default (``retry=...`` to change it);
+  :class:`S3Store` itself does not retry.
   Errors that a retry may cure (throttling, 5xx, timeouts, refused or dropped connections) are raised as
   :class:`~fastload.errors.TransientStoreError`; 403/404 are not retryable.
 * **Atomicity**: ``put`` is one PUT; ``open_writer`` is a multipart upload (objects smaller than one
@@ -40,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlsplit
 
 from fastload._plugins import require
@@ -63,7 +65,6 @@ from fastload.storage._base import (
     validate_key,
     validate_prefix,
 )
-from fastload.storage._retry import RetryConfig, RetryStore
 
 __all__ = ["S3Config", "S3Store"]
 
@@ -255,22 +256,20 @@ class S3Store(Store):
         self._proc: _Proc | None = None
         self._bucket_checked = False
 
+    #: :func:`fastload.open_store` wraps S3 stores in a :class:`~fastload.storage.RetryStore` unless
+    #: told otherwise (``retry=False``), since networks and servers fail transiently.
+    default_retry: ClassVar[bool] = True
+
     @classmethod
-    def from_url(cls, url: str, *, retry: RetryConfig | bool = True, **options: Any) -> Store:
-        """Open ``s3://bucket/prefix`` (what ``open_store`` calls).
+    def from_url(cls, url: str, **options: Any) -> S3Store:
+        """Open ``s3://bucket/prefix`` as a bare store (what :func:`fastload.open_store` calls;
+        it adds the retries, concurrency limit and cache).
 
         Args:
             url: ``s3://bucket`` or ``s3://bucket/prefix``.
-            retry: ``True`` (default) wraps the store in a :class:`~fastload.storage.RetryStore`
-                with default :class:`~fastload.storage.RetryConfig` (backoff on throttling, 5xx and
-                connection errors, 180 s budget, never on 403/404); a ``RetryConfig`` sets the
-                limits; ``False`` returns the bare :class:`S3Store`.
             **options: :class:`S3Config` fields.
         """
-        store = cls._parse(url, **options)
-        if retry is False:
-            return store
-        return RetryStore(store, retry if isinstance(retry, RetryConfig) else None)
+        return cls._parse(url, **options)
 
     @classmethod
     def _parse(cls, url: str, **options: Any) -> S3Store:

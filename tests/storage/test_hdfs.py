@@ -39,7 +39,7 @@ def closed_port() -> int:
 
 
 def test_open_store_picks_hdfs_and_parses_the_url() -> None:
-    store = fastload.open_store("hdfs://namenode.example:8020/data/sets/")
+    store = fastload.open_store("hdfs://namenode.example:8020/data/sets/", retry=False)
     assert isinstance(store, HDFSStore)
     assert store.url == "hdfs://namenode.example:8020/data/sets"
     assert store.child_url("a/b.tar") == "hdfs://namenode.example:8020/data/sets/a/b.tar"

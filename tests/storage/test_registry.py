@@ -103,3 +103,103 @@ def test_entry_point_plugins_are_found(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "thirdparty" in known_schemes()
     with pytest.raises(InvalidArgumentError, match="not a memory:// URL"):
         open_store("thirdparty://x")  # the entry point's class was imported and asked
+
+
+# ---- cross-cutting wrappers: one place, one order ----------------------------------------------
+
+
+def test_wrappers_stack_in_the_documented_order(tmp_path: Path) -> None:
+    from fastload.storage import CachingStore, LimitStore, RetryConfig, RetryStore
+
+    config = RetryConfig(max_retries=3)
+    store = open_store(
+        tmp_path / "data",
+        retry=config,
+        cache_dir=tmp_path / "cache",
+        cache_size="1MB",
+        max_concurrency=2,
+    )
+    assert isinstance(store, CachingStore)
+    assert store.cache_dir == str(tmp_path / "cache")
+    retry = store.inner
+    assert isinstance(retry, RetryStore)
+    assert retry.config is config
+    limit = retry.inner
+    assert isinstance(limit, LimitStore)
+    assert limit.max_concurrency == 2
+    assert isinstance(limit.inner, LocalStore)
+    assert store.url == limit.inner.url  # wrappers report the backend's URL
+
+
+def test_retry_default_follows_the_backend(tmp_path: Path) -> None:
+    from fastload.storage import RetryConfig, RetryStore
+    from fastload.storage._hdfs import HDFSStore
+    from fastload.storage._s3 import S3Store
+
+    # Local and memory stores do not fail transiently: no retry wrapper unless asked for.
+    assert isinstance(open_store(tmp_path), LocalStore)
+    assert isinstance(open_store("memory://retry-default"), MemoryStore)
+    assert isinstance(open_store(tmp_path, retry=True), RetryStore)
+    # Network stores retry by default; retry=False gives the bare backend.
+    for url, backend in (("s3://bkt/p", S3Store), ("hdfs://nn:8020/p", HDFSStore)):
+        store = open_store(url)
+        assert isinstance(store, RetryStore)
+        assert isinstance(store.inner, backend)
+        assert store.config == RetryConfig()
+        assert isinstance(open_store(url, retry=False), backend)
+        custom = open_store(url, retry=RetryConfig(retry_timeout=5.0))
+        assert isinstance(custom, RetryStore)
+        assert custom.config.retry_timeout == 5.0
+
+
+def test_plugin_backends_choose_their_retry_default() -> None:
+    from fastload.storage import RetryStore
+
+    class Flaky(MemoryStore):
+        default_retry = True
+
+        @classmethod
+        def from_url(cls, url: str, **options: Any) -> Flaky:
+            return cls(url.split("://", 1)[1])
+
+    register_store("flaky", Flaky)
+    store = open_store("flaky://x")
+    assert isinstance(store, RetryStore)
+    assert isinstance(store.inner, Flaky)
+
+
+def test_wrapper_options_are_validated(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match="RetryConfig"):
+        open_store(tmp_path, retry="yes")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="max_concurrency"):
+        open_store(tmp_path, max_concurrency=0)
+    with pytest.raises(InvalidArgumentError, match="cannot parse size"):
+        open_store(tmp_path, cache_dir=tmp_path / "c", cache_size="lots")
+
+
+def test_the_cached_stack_reads_writes_and_pickles(tmp_path: Path) -> None:
+    import pickle
+
+    from fastload.storage import CachingStore
+
+    store = open_store(tmp_path / "data", retry=True, cache_dir=tmp_path / "cache")
+    store.put("a/b.bin", b"payload")
+    assert store.get("a/b.bin") == b"payload"
+    assert isinstance(store, CachingStore)
+    assert store.stats()["misses"] == 1
+    path = store.local_path("a/b.bin")
+    assert path is not None
+    assert path.startswith(str(tmp_path / "cache"))
+    clone = pickle.loads(pickle.dumps(store))
+    assert isinstance(clone, CachingStore)
+    assert clone.get("a/b.bin") == b"payload"
+    assert clone.stats()["hits"] == 1  # the copy in the cache directory is shared
+
+
+def test_wrap_store_adds_nothing_by_default(tmp_path: Path) -> None:
+    from fastload.storage import wrap_store
+
+    local = LocalStore(tmp_path)
+    assert wrap_store(local) is local
+    with pytest.raises(InvalidArgumentError, match="Store"):
+        wrap_store("not a store")  # type: ignore[arg-type]

@@ -39,13 +39,13 @@ def _blob(n: int, seed: int = 1) -> bytes:
 
 
 def test_url_parsing_and_options() -> None:
-    store = S3Store.from_url("s3://bkt/some/prefix/", retry=False)
+    store = S3Store.from_url("s3://bkt/some/prefix/")
     assert isinstance(store, S3Store)
     assert (store.bucket, store.prefix, store.url) == ("bkt", "some/prefix", "s3://bkt/some/prefix")
     assert store.child_url("a/b") == "s3://bkt/some/prefix/a/b"
-    assert S3Store.from_url("s3://bkt", retry=False).url == "s3://bkt"
+    assert S3Store.from_url("s3://bkt").url == "s3://bkt"
     with pytest.raises(InvalidArgumentError, match="accepted"):
-        S3Store.from_url("s3://bkt", retry=False, no_such_option=1)
+        S3Store.from_url("s3://bkt", no_such_option=1)
     with pytest.raises(InvalidArgumentError, match="credentials") as info:
         S3Store.from_url(f"s3://key:{SECRET}@bkt/x")
     assert SECRET not in str(info.value)
