@@ -309,8 +309,8 @@ class StreamView:
 
     :func:`scan` slices in increasing order (it may ask for the last slice again, which is kept),
     so a stream that cannot seek is only read forward (gaps are read and dropped); a seekable
-    stream is positioned with ``seek`` when a slice starts elsewhere. Slices must have a start
-    and a stop and no step.
+    stream is positioned with ``seek`` when a slice starts elsewhere, except past gaps of up to
+    4 KiB (a member's padding), which are read. Slices must have a start and a stop and no step.
 
     Args:
         stream: The stream, positioned at byte ``position`` of the shard.
@@ -354,8 +354,8 @@ class StreamView:
 
     def _move(self, offset: int) -> None:
         stream = self._stream
-        if stream.seekable():
-            stream.seek(offset)
+        if not 0 < offset - self._pos <= 4096 and stream.seekable():
+            stream.seek(offset)  # a small gap (a member's padding) is cheaper to read past
             self._pos = offset
             return
         if offset < self._pos:
