@@ -33,8 +33,12 @@ _META = ("__key__", "__url__", "__index__")
 class WebDatasetReader(ShardReader):
     """Reads a tar shard: sequentially by streaming, and by position when it has an index.
 
-    Iteration streams the shard through ``store.open_reader`` (the shard is never downloaded
-    whole or held in memory) and yields ``{"__key__", "__url__", "__index__", field: bytes}``.
+    Iteration yields ``{"__key__", "__url__", "__index__", field: bytes}``. A shard that is a
+    local file (``store.has_local_paths``) is memory-mapped, so each field's bytes are copied
+    once, from the page cache into the ``bytes`` returned; any other shard is streamed through
+    ``store.open_reader`` (never downloaded whole or held in memory). A mapped shard must not be
+    truncated in place while it is read (``SIGBUS``); replacing it atomically, as fastload's
+    stores do, is safe.
     Consecutive members with the same basename (the member path up to the first ``.`` after
     the last ``/``) form one sample; the rest of the name is the field. Directories, members
     without a ``.`` in their last path segment and hidden files (``.foo``) are ignored.
@@ -48,12 +52,14 @@ class WebDatasetReader(ShardReader):
     have lost the member it described); a truncated archive ends the iteration.
 
     With an index (``index_key``, or ``key + ".idx"`` when it exists), :meth:`__len__`,
-    :meth:`read` (one coalesced ranged request per sample) and a seeking :meth:`iter_from`
-    work, and :attr:`supports_random_access` is True. The index is loaded on first use and
-    checked against the shard's size; every random read checks the member headers in front of
-    the data it fetches, so a stale index raises instead of returning wrong bytes.
+    :meth:`read` (slices of a memory map for local shards, else one coalesced ranged request per
+    sample) and a seeking :meth:`iter_from` work, and :attr:`supports_random_access` is True.
+    The index is loaded on first use and checked against the shard's size; every random read
+    checks the member headers in front of the data it fetches, so a stale index raises instead
+    of returning wrong bytes.
 
-    A reader is not thread-safe; pickling it is cheap (the store and key; no open files).
+    A reader is not thread-safe; pickling it is cheap (the store and key; no open files, no
+    maps, no index). :meth:`close` unmaps what :meth:`read` mapped.
     ``__index__`` is the sample's position among the samples found in the shard, which equals
     its index line when the shard is intact.
     """
