@@ -194,10 +194,9 @@ def child_fastload(cfg: dict[str, Any], workload: str, variant: str = "") -> dic
         if variant == "packed":
             collate = pack_bytes
     else:
+        # The fused transform runs as the decoder: corrupt images then follow on_error.
         tf = ImageTrainTransform(normalize_on="sample" if variant == "float" else "batch")
-        ds = fl.open_dataset(
-            cfg["wds"], seed=0, decode=Decoder(image="bytes"), transform=tf, fields=("jpg", "cls")
-        )
+        ds = fl.open_dataset(cfg["wds"], seed=0, decode=Decoder(image=tf), fields=("jpg", "cls"))
         finish = tf.batch_transform
     loader = fl.DataLoader(ds, batch_size=batch, num_workers=WORKERS, collate_fn=collate)
 
@@ -612,7 +611,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "folder": str(folder),
         "count": count,
         "wds": str(wds_dir),
-        "single_n": 150 if quick else 600,
+        "single_n": 128 if quick else 600,
     }
     skipped: dict[str, str] = {}
     peers_python: dict[str, str] = {}
@@ -648,7 +647,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("mosaic", {"kind": "mosaic", "workload": "bytes", "cfg": b}),
         ]
     if "train" in workloads:
-        t = {**cfg, "batch": 64, "limit": 768 if quick else min(count, 4096)}
+        t = {**cfg, "batch": 64, "limit": 512 if quick else min(count, 4096)}
         plans["train"] = [
             ("single-fused", {"kind": "single", "workload": "train", "variant": "fused", "cfg": t}),
             ("single-pil", {"kind": "single", "workload": "train", "variant": "pil", "cfg": t}),

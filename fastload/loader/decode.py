@@ -34,11 +34,11 @@ Image modes (``image=``):
   it), which it would not as a ``transform=``.
 
 JPEG decoder choice, measured on the W1 corpus (500x375 photo-like JPEGs, quality 90, one core of
-a 2-vCPU EPYC, see ``benchmarks/bench_loader.py``): simplejpeg ≈ 1.1-1.25x Pillow's decoder (both
-use libjpeg-turbo; simplejpeg skips Pillow's tile machinery and writes straight into a NumPy array)
-and installs as a self-contained wheel everywhere. PyTurboJPEG needs the system ``libturbojpeg``
-library, so it is not used. JPEGs simplejpeg cannot decode (CMYK, 12-bit, arithmetic coding) fall
-back to Pillow.
+a shared 2-vCPU EPYC, ``python -m benchmarks.bench_loader --transforms`` and the full run):
+simplejpeg decodes 1.3x as many images per second as Pillow (both use libjpeg-turbo; simplejpeg
+skips Pillow's tile machinery and writes straight into a NumPy array) and installs as a
+self-contained wheel everywhere. PyTurboJPEG needs the system ``libturbojpeg`` library, so it is
+not used. JPEGs simplejpeg cannot decode (CMYK, 12-bit, arithmetic coding) fall back to Pillow.
 
 Errors: a field that cannot be decoded raises :class:`~fastload.errors.CorruptDataError` naming
 the sample's ``__url__`` (its shard) and ``__key__`` and the field; the loader's ``on_error``
