@@ -25,7 +25,8 @@ from fastload.formats import Format, OnError, ShardReader, get_format, read_mani
 from fastload.formats.manifest import Manifest
 from fastload.loader._collate import ToTuple, Transform
 from fastload.loader._order import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW, EpochOrder, check_seed
-from fastload.storage import Store, open_store
+from fastload.storage import CachingStore, Store, open_store, wrap_store
+from fastload.storage._registry import DEFAULT_CACHE_SIZE
 
 if TYPE_CHECKING:
     from fastload.loader._stream import BatchStream
@@ -38,6 +39,9 @@ _ON_ERROR = ("raise", "skip", "warn")
 #: Metadata entry the loader adds to each raw sample: ``(seed, epoch, dataset index)``, from which
 #: :func:`fastload.loader.transforms.sample_rng` builds the sample's random generator.
 RNG_SEED_KEY = "__rng_seed__"
+#: Shards each reading process asks a caching store to fetch ahead of its reads (see
+#: :func:`open_dataset`, ``prefetch_shards``).
+DEFAULT_PREFETCH_SHARDS = 2
 IntArray = npt.NDArray[np.int64]
 
 
@@ -120,6 +124,11 @@ class Dataset(torch.utils.data.Dataset[Any]):
     picklable (module-level functions, not lambdas) for the ``spawn``/``forkserver`` start methods.
 
     Thread safety: reading from several threads is safe (each thread has its own readers).
+
+    Caching: when :attr:`store` is a :class:`~fastload.storage.CachingStore` (``open_dataset(...,
+    cache_dir=...)``), readers work from the local copies, and the iterable form asks the cache to
+    fetch each process's next ``prefetch_shards`` shards (in the order its batches first read
+    them) in the background.
     """
 
     def __init__(
@@ -137,6 +146,7 @@ class Dataset(torch.utils.data.Dataset[Any]):
         block_size: int | None = DEFAULT_BLOCK_SIZE,
         window: int = DEFAULT_WINDOW,
         max_open_shards: int = 16,
+        prefetch_shards: int = DEFAULT_PREFETCH_SHARDS,
     ) -> None:
         if on_error not in _ON_ERROR:
             raise InvalidArgumentError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
@@ -162,6 +172,14 @@ class Dataset(torch.utils.data.Dataset[Any]):
             raise InvalidArgumentError(f"max_open_shards must be an int, got {max_open_shards!r}")
         if max_open_shards < 1:
             raise InvalidArgumentError(f"max_open_shards must be >= 1, got {max_open_shards}")
+        if (
+            isinstance(prefetch_shards, bool)
+            or not isinstance(prefetch_shards, int)
+            or prefetch_shards < 0
+        ):
+            raise InvalidArgumentError(
+                f"prefetch_shards must be an int >= 0, got {prefetch_shards!r}"
+            )
         self.store = store
         self.prefix = prefix.strip("/")
         self.manifest = manifest
@@ -178,6 +196,7 @@ class Dataset(torch.utils.data.Dataset[Any]):
         self.select: ToTuple | None = ToTuple(*fields) if fields is not None else None
         self.on_error: OnError = on_error  # type: ignore[assignment]
         self.max_open_shards = max_open_shards
+        self.prefetch_shards = prefetch_shards
         self.shard_keys = [self._key(s.name) for s in manifest.shards]
         self.index_keys = [self._key(s.index) if s.index else None for s in manifest.shards]
         self.shard_sizes: IntArray = np.asarray(
@@ -224,6 +243,12 @@ class Dataset(torch.utils.data.Dataset[Any]):
         if self._format is None:
             self._format = get_format(self.format_name)
         return self._format
+
+    def shard_objects(self, shard: int) -> list[str]:
+        """The store keys a reader of shard ``shard`` reads: its index (first, if any), then the
+        shard itself."""
+        index = self.index_keys[shard]
+        return [self.shard_keys[shard]] if index is None else [index, self.shard_keys[shard]]
 
     def shard_url(self, shard: int) -> str:
         """The URL of shard number ``shard``."""
@@ -451,6 +476,9 @@ def open_dataset(
     window: int = DEFAULT_WINDOW,
     max_open_shards: int = 16,
     store_options: Mapping[str, Any] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_size: int | str = DEFAULT_CACHE_SIZE,
+    prefetch_shards: int = DEFAULT_PREFETCH_SHARDS,
 ) -> Dataset:
     """Open a dataset by its manifest (``fastload.json`` at ``url``).
 
@@ -476,7 +504,27 @@ def open_dataset(
         block_size: Samples per shuffle block (locality of reads); ``None`` = whole shards.
         window: Blocks per shuffle window (how far samples mix locally).
         max_open_shards: Open shard readers kept per reading thread (LRU).
-        store_options: Options for :func:`fastload.open_store` (``endpoint_url``, ...).
+        store_options: Options for :func:`fastload.open_store`: backend options
+            (``endpoint_url``, credentials, ...) and its wrappers' (``retry=RetryConfig(...)``,
+            ``max_concurrency``). Not allowed when ``url`` is a store.
+        cache_dir: A local directory that caches the shards (whole objects, see
+            :class:`~fastload.storage.CachingStore`): the first epoch downloads each shard once
+            (per node: all workers and ranks on the node share the directory) while training on
+            those already there; later epochs read local files. ``None`` (default) reads the store
+            directly. Also applies when ``url`` is a store (it is wrapped).
+        cache_size: Byte budget of the cache (``"50GB"``, ``"1.5GiB"`` or an int; default 10 GB),
+            least recently used shards are evicted. When the dataset is larger than the budget,
+            prefer the streaming shuffle (``block_size=None``, a small ``window``), which reads
+            whole shards in a random order, so each shard is downloaded once per epoch.
+        prefetch_shards: With a cache: each reading process (each DataLoader worker) keeps the
+            next ``prefetch_shards`` shards that its coming batches will read downloading in the
+            background, in the epoch's order. Workers that need the same shard share one
+            download. ``0`` disables prefetching. Reserve ``prefetch_shards x workers x ranks per
+            node`` shards of the cache budget for it.
+
+    The manifest is always read from the store itself, not from the cache. Cached shards are
+    assumed immutable: after overwriting a dataset in place, use a new ``cache_dir`` (or
+    :meth:`~fastload.storage.CachingStore.clear` the old one).
 
     Raises:
         ObjectNotFoundError: No manifest at ``url``.
@@ -486,10 +534,21 @@ def open_dataset(
     if isinstance(url, Store):
         if store_options:
             raise InvalidArgumentError("store_options apply only when url is a URL, not a Store")
-        store = url
+        store = (
+            url
+            if cache_dir is None
+            else wrap_store(url, cache_dir=cache_dir, cache_size=cache_size)
+        )
     else:
-        store = open_store(url, **dict(store_options or {}))
-    manifest = read_manifest(store, "")
+        options = dict(store_options or {})
+        for name in ("cache_dir", "cache_size"):
+            if name in options:
+                raise InvalidArgumentError(
+                    f"pass {name} to open_dataset itself, not in store_options"
+                )
+        store = open_store(url, cache_dir=cache_dir, cache_size=cache_size, **options)
+    # The manifest decides what the shards are: read it from the store, never from a cache.
+    manifest = read_manifest(store.inner if isinstance(store, CachingStore) else store, "")
     get_format(manifest.format)  # fail early (with the list of formats) on unknown formats
     return Dataset(
         store,
@@ -503,4 +562,5 @@ def open_dataset(
         block_size=block_size,
         window=window,
         max_open_shards=max_open_shards,
+        prefetch_shards=prefetch_shards,
     )

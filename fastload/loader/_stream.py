@@ -19,6 +19,15 @@ A batch whose samples were all skipped is still yielded, with zero rows, so that
 the same number of batches. Store errors (missing shard, network) and ``transform`` errors always
 raise :class:`~fastload.errors.WorkerError` naming the shard URL and sample key.
 
+**Prefetch into a cache**: when the dataset's store can prefetch (a
+:class:`~fastload.storage.CachingStore`, from ``open_dataset(..., cache_dir=...)``), each worker
+also asks it to download, in the background, the next ``dataset.prefetch_shards`` shards that its
+own coming batches will read first, in the order they will be read (so with ``block_size=None`` the
+prefetch follows the epoch's shard order). Shards the worker's current batches already read are not
+requested (the reads fill them), and a worker requests each shard at most once per epoch. Two
+workers needing the same shard share one download: the cache's per-object file lock makes the
+second wait for the first and then read the finished file.
+
 **Randomness**: every raw sample gets ``"__rng_seed__": (seed, epoch, index)`` (``index`` = its
 dataset index) before ``decode``/``transform`` run; the transforms of :mod:`fastload.loader.
 transforms` draw from ``sample_rng(*sample["__rng_seed__"])``, so augmentation depends only on
@@ -34,7 +43,7 @@ import logging
 import os
 import random
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -250,18 +259,24 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
         if len(steps) == 0:
             return
         order = self.dataset.order(epoch)
+        lookahead = _ShardLookahead.create(self, order, steps, rank)
         pool = self._io_pool()
         pending: deque[tuple[_Planned, list[Future[list[_ReadResult]]] | list[_ReadResult]]] = (
             deque()
         )
         step_iter = iter(steps)
+        submitted = 0  # batches of this worker whose reads were submitted
 
         def fill() -> None:
+            nonlocal submitted
             while len(pending) < self.prefetch_batches + 1:
                 step = next(step_iter, None)
                 if step is None:
                     return
                 planned = self._plan(order, step, rank)
+                if lookahead is not None:
+                    lookahead.advance(submitted)
+                submitted += 1
                 pending.append((planned, self._submit(pool, planned)))
 
         try:
@@ -447,3 +462,73 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
             f"world_size={self.world_size}, drop_last={self.drop_last}, epoch={self.epoch}, "
             f"start_step={self.start_step})"
         )
+
+
+class _ShardLookahead:
+    """Keeps a caching store fetching the next shards one worker's batches will read first.
+
+    Walks the worker's steps in order (planning each once more: pure arithmetic) and records, for
+    every shard, the first of the worker's batches that reads it. :meth:`advance` is called with
+    the number of the batch whose reads are submitted next; it requests (in first-read order) the
+    shards first read by later batches until ``depth`` of them are requested and not yet reached.
+    """
+
+    def __init__(
+        self,
+        stream: BatchStream,
+        order: EpochOrder,
+        steps: Sequence[int],
+        rank: int,
+        depth: int,
+        prefetch: Callable[[list[str]], None],
+    ) -> None:
+        self._stream, self._order, self._steps, self._rank = stream, order, steps, rank
+        self._depth, self._prefetch = depth, prefetch
+        self._touches = self._first_touches()
+        self._next: tuple[int, int] | None = None
+        self._requested: deque[int] = deque()  # batch numbers of requested, unreached shards
+
+    @classmethod
+    def create(
+        cls, stream: BatchStream, order: EpochOrder, steps: Sequence[int], rank: int
+    ) -> _ShardLookahead | None:
+        """A lookahead when the dataset's store can prefetch and ``prefetch_shards > 0``."""
+        ds = stream.dataset
+        prefetch = getattr(ds.store, "prefetch", None)
+        depth = getattr(ds, "prefetch_shards", 0)
+        if prefetch is None or not callable(prefetch) or depth <= 0:
+            return None
+        return cls(stream, order, steps, rank, depth, prefetch)
+
+    def _first_touches(self) -> Iterator[tuple[int, int]]:
+        """(worker batch number, shard) for each shard the first time the worker's batches read it."""
+        seen: set[int] = set()
+        for j, step in enumerate(self._steps):
+            planned = self._stream._plan(self._order, int(step), self._rank)
+            for shard in np.unique(planned.shards).tolist():
+                if shard not in seen:
+                    seen.add(shard)
+                    yield j, shard
+
+    def advance(self, batch: int) -> None:
+        """Batch number ``batch`` of this worker is read next: top up the requested shards."""
+        while self._requested and self._requested[0] <= batch:
+            self._requested.popleft()
+        keys: list[str] = []
+        while True:
+            if self._next is None:
+                self._next = next(self._touches, None)
+                if self._next is None:
+                    break
+            j, shard = self._next
+            if j > batch and len(self._requested) >= self._depth:
+                break
+            self._next = None
+            if j > batch:  # shards of the batches being read now are filled by those reads
+                self._requested.append(j)
+                keys.extend(self._stream.dataset.shard_objects(shard))
+        if keys:
+            try:
+                self._prefetch(keys)
+            except Exception as exc:  # prefetching is an optimisation; reads report errors
+                log.debug("prefetch of %s failed: %s", keys, exc)

@@ -293,21 +293,36 @@ class CachingStore(WrapperStore):
                 return None
             if not prefetch:
                 self._count("misses")
-            self._make_room(meta.size)
             self._fill(key, entry, path, meta)
             self._validated.add(key)
             return path
+
+    def _reserve(self, entry: str, size: int) -> str:
+        """Make room for ``size`` bytes and create the fill's temporary file at that size.
+
+        Runs under the cache-wide eviction lock, and the temporary file is created full-size
+        (sparse) before the lock is released, so concurrent fills in all processes count each
+        other's bytes: the budget holds even while many shards download at once.
+        """
+        with self._flock(os.path.join(self._dir, "evict.lock")):
+            self._make_room(size)
+            fd, tmp = tempfile.mkstemp(
+                prefix=f"{entry[:16]}.{os.getpid()}.", dir=os.path.join(self._dir, "tmp")
+            )
+            try:
+                os.ftruncate(fd, size)
+            finally:
+                os.close(fd)
+        return tmp
 
     def _fill(self, key: str, entry: str, path: str, meta: ObjectMeta) -> None:
         """Download ``key`` into the cache. If the object changes while it is being copied (the
         size read differs from the size ``head`` reported), start again with a fresh ``head``."""
         os.makedirs(os.path.dirname(path), exist_ok=True)
         for attempt in range(3):
-            fd, tmp = tempfile.mkstemp(
-                prefix=f"{entry[:16]}.{os.getpid()}.", dir=os.path.join(self._dir, "tmp")
-            )
+            tmp = self._reserve(entry, meta.size)
             try:
-                with os.fdopen(fd, "wb") as out:
+                with open(tmp, "r+b") as out:
                     got = 0
                     with self._store.open_reader(key) as src:
                         while True:
@@ -316,6 +331,7 @@ class CachingStore(WrapperStore):
                                 break
                             out.write(block)
                             got += len(block)
+                    out.truncate(got)
                 if got != meta.size:
                     os.unlink(tmp)
                     if attempt < 2:
@@ -343,44 +359,50 @@ class CachingStore(WrapperStore):
             os.utime(path)  # mtime = last use, for LRU
 
     def _make_room(self, incoming: int) -> None:
-        """Evict least recently used objects until ``incoming`` more bytes fit in the budget."""
-        with self._flock(os.path.join(self._dir, "evict.lock")):
-            entries: list[tuple[float, int, str]] = []
-            total = 0
-            root = os.path.join(self._dir, "objects")
-            for sub in os.scandir(root):
-                if not sub.is_dir():
+        """Evict least recently used objects until ``incoming`` more bytes fit in the budget.
+
+        The caller holds the eviction lock. Fills in progress (temporary files, created at their
+        full size) count against the budget but are never evicted.
+        """
+        entries: list[tuple[float, int, str]] = []
+        total = 0
+        root = os.path.join(self._dir, "objects")
+        for sub in os.scandir(root):
+            if not sub.is_dir():
+                continue
+            for f in os.scandir(sub.path):
+                if f.name.endswith(".json") or f.name.endswith(".tmp"):
                     continue
-                for f in os.scandir(sub.path):
-                    if f.name.endswith(".json") or f.name.endswith(".tmp"):
-                        continue
-                    try:
-                        st = f.stat()
-                    except FileNotFoundError:
-                        continue
-                    entries.append((st.st_mtime, st.st_size, f.path))
-                    total += st.st_size
-            if total + incoming <= self._max_bytes:
-                return
-            entries.sort()
-            for _, size, path in entries:
-                if total + incoming <= self._max_bytes:
-                    break
-                entry = os.path.basename(path)
-                lock_fd = os.open(self._lock_path(entry), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
                 try:
-                    try:  # skip entries being (re)filled right now
-                        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    except BlockingIOError:
-                        continue
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(path)
-                        total -= size
-                        self._count("evictions")
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(path + ".json")
-                finally:
-                    os.close(lock_fd)
+                    st = f.stat()
+                except FileNotFoundError:
+                    continue
+                entries.append((st.st_mtime, st.st_size, f.path))
+                total += st.st_size
+        for f in os.scandir(os.path.join(self._dir, "tmp")):
+            with contextlib.suppress(FileNotFoundError):
+                total += f.stat().st_size
+        if total + incoming <= self._max_bytes:
+            return
+        entries.sort()
+        for _, size, path in entries:
+            if total + incoming <= self._max_bytes:
+                break
+            entry = os.path.basename(path)
+            lock_fd = os.open(self._lock_path(entry), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+            try:
+                try:  # skip entries being (re)filled right now
+                    fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                    total -= size
+                    self._count("evictions")
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path + ".json")
+            finally:
+                os.close(lock_fd)
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._lock:

@@ -207,3 +207,41 @@ def test_parse_size(text: str | int, expected: int) -> None:
 def test_parse_size_rejects(bad: str | int) -> None:
     with pytest.raises(InvalidArgumentError, match="size"):
         parse_size(bad)
+
+
+class BudgetProbe(WrapperStore):
+    """Records, whenever a fill starts downloading, the bytes the cache directory holds."""
+
+    def __init__(self, store: Store, cache_dir: Path, log: str) -> None:
+        super().__init__(store)
+        self.cache_dir, self.log = cache_dir, log
+
+    def open_reader(self, key, *, chunk_size=8 << 20):  # type: ignore[no-untyped-def]
+        held = sum(
+            p.stat().st_size
+            for sub in ("objects", "tmp")
+            for p in (self.cache_dir / sub).rglob("*")
+            if p.is_file() and not p.name.endswith(".json")
+        )
+        with open(self.log, "a") as f:
+            f.write(f"{held}\n")
+        time.sleep(0.05)  # keep fills overlapping
+        return super().open_reader(key, chunk_size=chunk_size)
+
+
+def test_concurrent_fills_keep_the_budget(remote: LocalStore, tmp_path: Path) -> None:
+    cache_dir = tmp_path / "cache"
+    log = str(tmp_path / "held")
+    budget = 3_500  # three of the 1000-byte objects
+    cache = CachingStore(BudgetProbe(remote, cache_dir, log), cache_dir, budget)
+    keys = [f"shard-{i}.tar" for i in range(6)]
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(3) as pool:
+        results = pool.starmap(
+            _worker_read, [(cache, keys), (cache, keys[::-1]), (cache, keys[2:] + keys[:2])]
+        )
+    assert results == [[1000] * 6] * 3
+    held = [int(x) for x in Path(log).read_text().split()]
+    assert held  # fills happened
+    assert max(held) <= budget  # in-flight fills are reserved at full size and counted
+    assert cache.cached_bytes() <= budget
