@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -13,8 +14,11 @@ from typing import Any
 
 import pytest
 
-import fastload.convert as fc
 from fastload.errors import DatasetExistsError, InvalidArgumentError
+
+# fastload.convert is also the function re-exported as fastload.convert once fastload/__init__.py
+# exports it, which shadows the package attribute: take the module from sys.modules.
+fc = importlib.import_module("fastload.convert")
 
 CLI = [sys.executable, "-m", "fastload.cli"]
 

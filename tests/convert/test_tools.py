@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -11,9 +12,12 @@ from typing import Any
 import pytest
 import webdataset as wds
 
-import fastload.convert as fc
 from fastload.formats import read_manifest
 from fastload.storage import open_store
+
+# fastload.convert is also the function re-exported as fastload.convert once fastload/__init__.py
+# exports it, which shadows the package attribute: take the module from sys.modules.
+fc = importlib.import_module("fastload.convert")
 
 CLI = [sys.executable, "-m", "fastload.cli"]
 
