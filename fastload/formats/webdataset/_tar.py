@@ -20,13 +20,13 @@ __all__ = [
     "MAX_USTAR_SIZE",
     "Bad",
     "Member",
+    "ShardView",
+    "StreamView",
     "checksum_ok",
     "encode_member_header",
     "parse_octal",
     "scan",
     "split_member_name",
-    "ShardView",
-    "StreamView",
     "stream_size",
     "unsafe_name_reason",
     "ustar_name",
@@ -354,8 +354,9 @@ class StreamView:
 
     def _move(self, offset: int) -> None:
         stream = self._stream
+        # A small gap forward (a member's padding) is cheaper to read past than to seek over.
         if not 0 < offset - self._pos <= 4096 and stream.seekable():
-            stream.seek(offset)  # a small gap (a member's padding) is cheaper to read past
+            stream.seek(offset)
             self._pos = offset
             return
         if offset < self._pos:
