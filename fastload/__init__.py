@@ -9,7 +9,7 @@ The public surface:
 * :mod:`fastload.dali` — NVIDIA DALI pipelines fed by fastload datasets
 * :mod:`fastload.errors` — the exception hierarchy
 
-Heavy dependencies (torch, DALI, boto3) are imported on first use, so ``import fastload`` and the
+Heavy dependencies (torch, DALI, boto3, pyarrow) are imported on first use, so ``import fastload`` and the
 ``fastload`` command start quickly.
 """
 
@@ -19,11 +19,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from fastload import errors
+
+# Imported eagerly: ``fastload.convert`` must be the function even after the subpackage of the
+# same name has been imported (importing a subpackage first sets the parent's attribute to it).
+from fastload.convert import convert
 from fastload.storage import open_store
 
 if TYPE_CHECKING:
     from fastload import dali
-    from fastload.convert import convert
     from fastload.loader import DataLoader, open_dataset, to_tuple
 
 __version__ = "0.1.0"
@@ -40,7 +43,6 @@ __all__ = [
 ]
 
 _LAZY = {
-    "convert": ("fastload.convert", "convert"),
     "open_dataset": ("fastload.loader", "open_dataset"),
     "DataLoader": ("fastload.loader", "DataLoader"),
     "to_tuple": ("fastload.loader", "to_tuple"),

@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         x = transform.batch_transform(images_u8)
         loss = nn.functional.cross_entropy(model(x), labels)
         optimizer.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
         seen.extend(labels.tolist())
         if step % 5 == 0:
