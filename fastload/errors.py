@@ -15,6 +15,7 @@ Errors never carry credentials.
 from __future__ import annotations
 
 __all__ = [
+    "ConversionError",
     "CorruptDataError",
     "DatasetExistsError",
     "FastloadError",
@@ -172,6 +173,15 @@ class UnsupportedManifestVersionError(ManifestError):
 
 class DatasetExistsError(FastloadError, FileExistsError):
     """The destination already holds a different dataset; pass ``overwrite=True`` to replace it."""
+
+
+# --- conversion ----------------------------------------------------------------------------------
+
+
+class ConversionError(FastloadError):
+    """An input item could not be read or converted; the message names the item (file, line,
+    row or shard position) and the shard it was planned for. Raised under ``on_error="raise"``;
+    with ``on_error="skip"`` the item is listed in the skip report instead."""
 
 
 # --- loading -------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from fastload._plugins import PluginRegistry
 from fastload.errors import (
+    ConversionError,
     CorruptDataError,
     FastloadError,
     InvalidArgumentError,
@@ -100,12 +101,6 @@ class Unit(NamedTuple):
 
 #: ``report(item, reason)``: called for an item that cannot be planned; raises under ``on_error=raise``.
 PlanReporter = Callable[[str, str], None]
-
-
-class ConversionError(FastloadError):
-    """An input item could not be read or converted; the message names the item (file, line,
-    row or shard position) and the shard it was planned for. Raised under ``on_error="raise"``;
-    with ``on_error="skip"`` the item is listed in the skip report instead."""
 
 
 ItemError = ConversionError
