@@ -168,6 +168,10 @@ class DALILoader:
         self.io_threads = _positive("io_threads", io_threads, 0)
         self.prefetch = _positive("prefetch", prefetch)
         self.initial_fill = _positive("initial_fill", initial_fill)
+        if on_error not in ("raise", "skip", "warn"):
+            raise InvalidArgumentError(
+                f"on_error must be 'raise', 'skip' or 'warn', got {on_error!r}"
+            )
         if reader not in _READERS:
             raise InvalidArgumentError(f"reader must be one of {_READERS}, got {reader!r}")
         if py_start_method not in (None, "fork", "spawn"):
@@ -265,7 +269,9 @@ class DALILoader:
                     f"DALI's TFRecord reader reads uncompressed shards only; {ds.shard_url(shard)} "
                     "is compressed: use reader='external'"
                 )
-        if not ds.store.has_local_paths and not hasattr(ds.store, "prefetch"):
+        from fastload.storage._cache import CachingStore
+
+        if not ds.store.has_local_paths and not isinstance(ds.store, CachingStore):
             raise InvalidArgumentError(
                 f"reader='native' needs local files, but {ds.url} is remote: pass cache_dir= "
                 "(shards are downloaded into it) or use reader='external'"
@@ -665,7 +671,7 @@ class DALILoader:
     def _to_torch(self, tl: Any, *, label: bool) -> Any:
         import torch
 
-        if hasattr(tl, "as_cpu") and self.device == "gpu":
+        if self.device == "gpu" and _on_gpu(tl):
             return _gpu_tensor(tl, self.device_id or 0)
         if tl.is_dense_tensor():
             arr = np.array(tl.as_tensor())
@@ -744,8 +750,13 @@ def _discard(future: Future[Any]) -> None:
         _shutdown(future.result())
 
 
+def _on_gpu(tl: Any) -> bool:
+    backend: Any = require_dali().backend
+    return isinstance(tl, backend.TensorListGPU)
+
+
 def _to_numpy(tl: Any) -> Any:
-    if hasattr(tl, "as_cpu"):
+    if _on_gpu(tl):
         tl = tl.as_cpu()
     if len(tl) == 0:
         return np.zeros((0, 3), dtype=np.int64)
