@@ -461,12 +461,12 @@ CHILDREN: dict[str, Callable[..., dict[str, float]]] = {
 
 
 def _prepare_fastload(corpus: Corpus, folder: Path, shards: int) -> Path:
-    import fastload.convert as fc
+    from fastload.convert import convert
 
     dst = corpus.root.parent / f"{corpus.root.name}-wds-{corpus.count}"
     if not (dst / "fastload.json").exists():
         t0 = time.perf_counter()
-        fc.convert(
+        convert(
             str(folder),
             str(dst),
             format="webdataset",

@@ -335,17 +335,15 @@ def test_without_seed_metadata_draws_follow_numpy_global_seed(photo_jpeg: bytes)
 def test_with_fastload_loader(tmp_path: Path) -> None:
     """Decoder(image="bytes") + ImageTrainTransform through open_dataset and fastload.DataLoader:
     uint8 CHW batches, normalized by batch_transform, reproducible for a seed and epoch."""
-    import fastload.convert
     import fastload.loader as fl
+    from fastload.convert import convert
     from fastload.loader.decode import Decoder
 
     src = tmp_path / "images"
     for i in range(12):
         (src / f"c{i % 3}").mkdir(parents=True, exist_ok=True)
         (src / f"c{i % 3}" / f"img{i:02d}.jpg").write_bytes(_jpeg(_photo(60 + i, 80, seed=i)))
-    fastload.convert.convert(
-        str(src), str(tmp_path / "ds"), format="webdataset", workers=1, quiet=True
-    )
+    convert(str(src), str(tmp_path / "ds"), format="webdataset", workers=1, quiet=True)
     tf = ImageTrainTransform(size=32)
 
     def run(epoch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
