@@ -38,7 +38,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, cast
 
-from fastload.errors import InvalidArgumentError, ObjectNotFoundError, StoreError
+from fastload.errors import (
+    InvalidArgumentError,
+    InvalidRangeError,
+    ObjectNotFoundError,
+    StoreError,
+)
 from fastload.storage._base import (
     DEFAULT_COALESCE_BYTES,
     DEFAULT_READ_CHUNK,
@@ -52,6 +57,9 @@ from fastload.storage._base import (
 from fastload.storage._wrapper import WrapperStore
 
 __all__ = ["CachingStore", "parse_size"]
+
+#: Bytes per request when the cache copies an object in (memory per fill in progress).
+FILL_CHUNK = 32 * 1024 * 1024
 
 _UNITS = {
     "": 1,
@@ -316,31 +324,44 @@ class CachingStore(WrapperStore):
         return tmp
 
     def _fill(self, key: str, entry: str, path: str, meta: ObjectMeta) -> None:
-        """Download ``key`` into the cache. If the object changes while it is being copied (the
-        size read differs from the size ``head`` reported), start again with a fresh ``head``."""
+        """Download ``key`` into the cache, one consistent version of it.
+
+        An object of at most :data:`FILL_CHUNK` bytes is one whole ``get`` (one version by the
+        store's atomicity). A larger one is copied in ranged gets of ``FILL_CHUNK`` bytes, each
+        retried on its own by a :class:`~fastload.storage.RetryStore` below the cache; a second
+        ``head`` afterwards must report the same size, etag and mtime as the first, else the
+        object changed meanwhile and the copy starts again (at most three times).
+        """
         os.makedirs(os.path.dirname(path), exist_ok=True)
+        url = self._store.child_url(key)
         for attempt in range(3):
             tmp = self._reserve(entry, meta.size)
             try:
                 with open(tmp, "r+b") as out:
-                    got = 0
-                    with self._store.open_reader(key) as src:
-                        while True:
-                            block = src.read(DEFAULT_READ_CHUNK)
-                            if not block:
-                                break
-                            out.write(block)
-                            got += len(block)
+                    if meta.size <= FILL_CHUNK:
+                        data = self._store.get(key)
+                        out.write(data)
+                        got, same = len(data), True
+                        if got != meta.size:
+                            meta = ObjectMeta(key, got)  # replaced since the head: etag unknown
+                    else:
+                        got = self._download(key, meta.size, out)
+                        after = self._store.head(key)
+                        same = got == meta.size and (after.size, after.etag, after.mtime) == (
+                            meta.size,
+                            meta.etag,
+                            meta.mtime,
+                        )
+                        meta = after
                     out.truncate(got)
-                if got != meta.size:
+                if not same:
                     os.unlink(tmp)
                     if attempt < 2:
-                        meta = self._store.head(key)
                         continue
                     raise StoreError(
-                        f"download of {self._store.child_url(key)} gave {got} bytes, expected "
-                        f"{meta.size}; the object keeps changing or the connection broke — retry",
-                        url=self._store.child_url(key),
+                        f"could not copy {url} into the cache: it changed during each of 3 "
+                        "downloads; datasets being read must not be rewritten",
+                        url=url,
                     )
                 meta_tmp = self._meta_path(entry) + ".tmp"
                 with open(meta_tmp, "w", encoding="utf-8") as f:
@@ -353,6 +374,22 @@ class CachingStore(WrapperStore):
                 raise
             self._count("bytes_downloaded", got)
             return
+
+    def _download(self, key: str, size: int, out: io.BufferedRandom) -> int:
+        """Copy the first ``size`` bytes of ``key`` into ``out`` in ranged gets of
+        :data:`FILL_CHUNK` bytes; return the bytes copied (fewer if the object shrank)."""
+        got = 0
+        while got < size:
+            want = min(size - got, FILL_CHUNK)
+            try:
+                block = self._store.get(key, ByteRange.from_length(got, want))
+            except InvalidRangeError:
+                return got
+            out.write(block)
+            got += len(block)
+            if len(block) != want:
+                return got
+        return got
 
     def _touch(self, path: str) -> None:
         with contextlib.suppress(OSError):

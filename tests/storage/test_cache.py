@@ -18,17 +18,19 @@ from fastload.testing.store import StoreTests
 
 
 class CountingStore(WrapperStore):
-    """Counts whole-object downloads (open_reader) in a file, so counts add up across processes."""
+    """Counts downloads (gets from byte 0: a cache fill reads the object in ranged gets) in a
+    file, so counts add up across processes."""
 
     def __init__(self, store: Store, counter: str) -> None:
         super().__init__(store)
         self.counter = counter
 
-    def open_reader(self, key, *, chunk_size=8 << 20):  # type: ignore[no-untyped-def]
-        with open(self.counter, "a") as f:
-            f.write(key + "\n")
-        time.sleep(0.05)  # widen the window in which a second process could start a download
-        return super().open_reader(key, chunk_size=chunk_size)
+    def get(self, key: str, byte_range: ByteRange | None = None) -> bytes:
+        if byte_range is None or byte_range.start == 0:
+            with open(self.counter, "a") as f:
+                f.write(key + "\n")
+            time.sleep(0.05)  # widen the window in which a second process could start a download
+        return super().get(key, byte_range)
 
 
 def downloads(counter: str) -> list[str]:
@@ -157,9 +159,9 @@ def test_sigkilled_fill_leaves_no_partial_object(remote: LocalStore, tmp_path: P
     big.put("big.bin", os.urandom(4 << 20))
 
     class SlowStore(WrapperStore):
-        def open_reader(self, key, *, chunk_size=8 << 20):  # type: ignore[no-untyped-def]
+        def get(self, key: str, byte_range: ByteRange | None = None) -> bytes:
             time.sleep(30)
-            return super().open_reader(key, chunk_size=chunk_size)
+            return super().get(key, byte_range)
 
     cache_dir = tmp_path / "cache"
     ctx = multiprocessing.get_context("fork")
@@ -216,7 +218,7 @@ class BudgetProbe(WrapperStore):
         super().__init__(store)
         self.cache_dir, self.log = cache_dir, log
 
-    def open_reader(self, key, *, chunk_size=8 << 20):  # type: ignore[no-untyped-def]
+    def get(self, key: str, byte_range: ByteRange | None = None) -> bytes:
         held = sum(
             p.stat().st_size
             for sub in ("objects", "tmp")
@@ -226,7 +228,7 @@ class BudgetProbe(WrapperStore):
         with open(self.log, "a") as f:
             f.write(f"{held}\n")
         time.sleep(0.05)  # keep fills overlapping
-        return super().open_reader(key, chunk_size=chunk_size)
+        return super().get(key, byte_range)
 
 
 def test_concurrent_fills_keep_the_budget(remote: LocalStore, tmp_path: Path) -> None:
@@ -245,3 +247,33 @@ def test_concurrent_fills_keep_the_budget(remote: LocalStore, tmp_path: Path) ->
     assert held  # fills happened
     assert max(held) <= budget  # in-flight fills are reserved at full size and counted
     assert cache.cached_bytes() <= budget
+
+
+def test_large_objects_fill_in_chunks_and_detect_changes(
+    remote: LocalStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fastload.storage import _cache
+
+    monkeypatch.setattr(_cache, "FILL_CHUNK", 256)
+    ranges: list[ByteRange | None] = []
+
+    class Rewriting(WrapperStore):
+        """Replaces the object once, between the second and third chunk of a fill."""
+
+        def get(self, key: str, byte_range: ByteRange | None = None) -> bytes:
+            ranges.append(byte_range)
+            data = super().get(key, byte_range)
+            if len(ranges) == 2:
+                remote.put(key, b"\x07" * 1000)
+            return data
+
+    cache = CachingStore(Rewriting(remote), tmp_path / "cache", 100_000)
+    assert cache.get("shard-2.tar") == b"\x07" * 1000  # the new version, never a mix
+    assert ranges[:4] == [
+        ByteRange(0, 256),
+        ByteRange(256, 512),
+        ByteRange(512, 768),
+        ByteRange(768, 1000),
+    ]
+    assert len(ranges) == 8  # copied again after the change was seen
+    assert cache.stats()["bytes_downloaded"] == 1000
