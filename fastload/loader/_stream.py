@@ -395,6 +395,19 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
                 continue
             try:
                 samples.append(ds.finish(decoded))
+            except FormatError as exc:
+                # Bad data found by a transform (e.g. a fused decode-and-crop of a corrupt JPEG)
+                # follows the error policy like a decode error; other transform errors are bugs.
+                if ds.on_error == "raise":
+                    raise WorkerError(
+                        f"{where}: transform failed on {ds.describe(shard, pos, key)}: "
+                        f"{type(exc).__name__}: {exc} (pass on_error='skip' to drop corrupt "
+                        "samples)"
+                    ) from exc
+                if ds.on_error == "warn":
+                    log.warning("skipping corrupt %s: %s", ds.describe(shard, pos, key), exc)
+                skipped += 1
+                continue
             except Exception as exc:
                 raise WorkerError(
                     f"{where}: transform failed on {ds.describe(shard, pos, key)}: "
@@ -448,8 +461,10 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
         return self._template
 
     def _seed_rngs(self, epoch: int, step: int) -> None:
+        # The rank is part of the seed: ranks build different batches of the same step, and
+        # transforms drawing from the global generators must not make the same draws on each.
         state = np.random.SeedSequence(
-            [self.dataset.seed, epoch, _TAG_AUGMENT, step]
+            [self.dataset.seed, epoch, _TAG_AUGMENT, step, self.rank]
         ).generate_state(2)
         seed32 = int(state[0])
         random.seed(seed32)

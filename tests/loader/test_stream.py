@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fastload.errors import InvalidArgumentError, WorkerError
+from fastload.errors import CorruptDataError, InvalidArgumentError, WorkerError
 from fastload.loader import BatchMeta, BatchStream, Dataset
 
 SETTINGS = settings(
@@ -300,6 +300,24 @@ def test_transform_errors_always_raise(fake: SimpleNamespace) -> None:
     ds = fake.make_dataset([3], transform=_explode, on_error="skip", shuffle=False)
     with pytest.raises(WorkerError, match="transform failed"):
         list(BatchStream(ds, 3, rank=0, world_size=1))
+
+
+def _corrupt_in_transform(sample: dict[str, Any]) -> dict[str, Any]:
+    if sample["__key__"].endswith("1"):
+        raise CorruptDataError("bad JPEG data", url="memory://x/s.fake", key=sample["__key__"])
+    return sample
+
+
+def test_corrupt_data_found_by_a_transform_follows_policy(fake: SimpleNamespace) -> None:
+    ds = fake.make_dataset([4], transform=_corrupt_in_transform, shuffle=False)
+    with pytest.raises(WorkerError, match=r"transform failed.*bad JPEG data"):
+        list(BatchStream(ds, 4, rank=0, world_size=1))
+    ds = fake.make_dataset([4], transform=_corrupt_in_transform, shuffle=False, on_error="skip")
+    ((meta, keys),) = BatchStream(
+        ds, 4, rank=0, world_size=1, with_meta=True, collate_fn=fake.keys_collate
+    )
+    assert meta.skipped == 1
+    assert keys == [fake.key_of(0, p) for p in (0, 2, 3)]
 
 
 def test_map_style_dataset(fake: SimpleNamespace) -> None:
