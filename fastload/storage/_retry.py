@@ -124,8 +124,9 @@ class RetryStore(WrapperStore):
     * ``list`` resumes after a failure: listings are in ascending key order, so a retried
       listing skips the keys already yielded. Retry count and time budget start again whenever
       a key arrives.
-    * ``open_reader`` reads through ranged ``get`` calls of ``chunk_size`` bytes, each retried,
-      unless the wrapped store has local paths (then its own reader is used).
+    * ``open_reader`` streams through the wrapped store's own reader; when the stream breaks
+      with a transient error it is reopened at the current offset (retry count and time budget
+      start again with each read call).
     * ``open_writer``: opening the writer is retried; ``write`` and ``commit`` are not, because
       the bytes already streamed cannot be replayed in general. A transient failure while
       writing raises out of the ``with`` block and leaves nothing visible (the writer aborts);
@@ -272,12 +273,90 @@ class RetryStore(WrapperStore):
         return self._call("open_writer", key, lambda: self._store.open_writer(key))
 
     def open_reader(self, key: str, *, chunk_size: int = DEFAULT_READ_CHUNK) -> io.BufferedIOBase:
-        if self._store.has_local_paths:
-            return self._call(
-                "open_reader", key, lambda: self._store.open_reader(key, chunk_size=chunk_size)
-            )
-        # Ranged gets through self.get, so every chunk is retried on its own.
-        return Store.open_reader(self, key, chunk_size=chunk_size)
+        """Stream through the wrapped store's own reader; a transient failure mid-stream reopens
+        it and seeks back to where reading stopped, under the same retry budget."""
+        raw = _ResumingReader(self, key, chunk_size)
+        return io.BufferedReader(raw, buffer_size=1 << 16)
 
     def __repr__(self) -> str:
         return f"RetryStore({self._store!r}, {self._config!r})"
+
+
+class _ResumingReader(io.RawIOBase):
+    """A read-only stream over the wrapped store's reader that survives transient failures.
+
+    Opening, reading and seeking run under :meth:`RetryStore._call`; after a failure the inner
+    reader is reopened and positioned at the current offset, so no byte is read twice or lost.
+    """
+
+    def __init__(self, retry: RetryStore, key: str, chunk_size: int) -> None:
+        super().__init__()
+        self._retry, self._key, self._chunk = retry, key, chunk_size
+        self._pos = 0
+        self._inner: io.BufferedIOBase | None = None
+        self._open()
+
+    def _open(self) -> None:
+        def attempt() -> io.BufferedIOBase:
+            reader = self._retry.inner.open_reader(self._key, chunk_size=self._chunk)
+            if self._pos:
+                reader.seek(self._pos)
+            return reader
+
+        self._inner = self._retry._call("open_reader", self._key, attempt)
+
+    def _drop(self) -> None:
+        if self._inner is not None:
+            try:
+                self._inner.close()
+            except Exception:  # a broken stream may fail to close; it is discarded anyway
+                pass
+            self._inner = None
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            target = offset
+        elif whence == io.SEEK_CUR:
+            target = self._pos + offset
+        elif whence == io.SEEK_END:
+            target = self._retry.head(self._key).size + offset
+        else:
+            raise ValueError(f"invalid whence {whence!r}; use io.SEEK_SET, SEEK_CUR or SEEK_END")
+        if target < 0:
+            raise ValueError(f"negative seek position {target}")
+        if target != self._pos:
+            self._pos = target
+            self._drop()
+        return self._pos
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        out = memoryview(buffer).cast("B")
+        began = self._retry._clock()
+        retry = 0
+        while True:
+            try:
+                if self._inner is None:
+                    self._open()
+                assert self._inner is not None
+                n = self._inner.readinto(out)
+                self._pos += n or 0
+                return n or 0
+            except Exception as exc:
+                if not is_retryable(exc, builtin_errors=self._retry.config.retry_builtin_errors):
+                    raise
+                self._drop()
+                self._retry._wait_or_give_up("read", self._key, exc, retry, began)
+                retry += 1
+
+    def close(self) -> None:
+        self._drop()
+        super().close()

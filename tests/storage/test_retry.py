@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import pickle
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pytest
 
@@ -393,26 +395,64 @@ def test_open_writer_is_retried_but_writes_are_not(memory: MemoryStore) -> None:
     assert not memory.exists("x")
 
 
-def test_open_reader_retries_each_chunk(memory: MemoryStore) -> None:
+class _BreakingStream(io.RawIOBase):
+    """Serves ``data`` from ``start`` and raises a transient error after ``limit`` bytes."""
+
+    def __init__(self, data: bytes, limit: int) -> None:
+        super().__init__()
+        self.data, self.limit, self.pos, self.served = data, limit, 0, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self.pos = offset
+        return offset
+
+    def readinto(self, buffer: Any) -> int:
+        if self.served >= self.limit:
+            raise TransientStoreError("connection reset mid-stream")
+        n = min(len(buffer), self.limit - self.served, len(self.data) - self.pos)
+        buffer[:n] = self.data[self.pos : self.pos + n]
+        self.pos += n
+        self.served += n
+        return n
+
+
+def test_open_reader_resumes_a_broken_stream_where_it_stopped(memory: MemoryStore) -> None:
     data = bytes(range(256)) * 1200
     memory.put("big", data)
+    opened: list[int] = []
 
-    class EveryOtherGetFails(WrapperStore):
-        gets = 0
+    class BreaksEvery100k(WrapperStore):
+        def open_reader(self, key: str, *, chunk_size: int = 0) -> io.BufferedIOBase:
+            opened.append(1)
+            return io.BufferedReader(_BreakingStream(data, 100_000), buffer_size=4096)
 
-        def get(self, key: str, byte_range: ByteRange | None = None) -> bytes:
-            EveryOtherGetFails.gets += 1
-            if EveryOtherGetFails.gets % 2:
-                raise TransientStoreError("dropped")
-            return super().get(key, byte_range)
-
-    store, fake = make(EveryOtherGetFails(memory))
-    with store.open_reader("big", chunk_size=1000) as reader:
+    store, fake = make(BreaksEvery100k(memory))
+    with store.open_reader("big") as reader:
         assert reader.read() == data
-    # Several chunks, each failed once and was fetched again.
-    assert EveryOtherGetFails.gets >= 4
-    assert EveryOtherGetFails.gets % 2 == 0
-    assert len(fake.sleeps) == EveryOtherGetFails.gets // 2
+        reader.seek(10)
+        assert reader.read(5) == data[10:15]
+    # 307,200 bytes in streams that break every 100,000 bytes: 3 breaks, 3 resumed streams,
+    # then one more stream for the seek back.
+    assert len(opened) == 5
+    assert len(fake.sleeps) == 3
+
+
+def test_open_reader_gives_up_when_the_stream_keeps_breaking(memory: MemoryStore) -> None:
+    memory.put("big", b"x" * 1000)
+
+    class AlwaysBreaks(WrapperStore):
+        def open_reader(self, key: str, *, chunk_size: int = 0) -> io.BufferedIOBase:
+            return io.BufferedReader(_BreakingStream(b"x" * 1000, 0))
+
+    store, _ = make(AlwaysBreaks(memory))
+    with store.open_reader("big") as reader, pytest.raises(StoreUnavailableError, match="read"):
+        reader.read()
 
 
 def test_pickles_with_its_config(tmp_path: object) -> None:
