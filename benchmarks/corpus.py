@@ -14,7 +14,6 @@ Run ``python -m benchmarks.corpus --count 10000`` to (re)generate it and print i
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import time
@@ -23,74 +22,12 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFilter
+
+from fastload.testing.corpus import NUM_CLASSES, SEED, make_image
 
 __all__ = ["DEFAULT_ROOT", "NUM_CLASSES", "Corpus", "ensure_corpus", "make_image"]
 
 DEFAULT_ROOT = Path(os.environ.get("FASTLOAD_BENCH_ROOT", "/tmp/fastload-bench"))
-NUM_CLASSES = 100
-SEED = 20240607
-QUALITY = 90
-
-
-def _size(rng: np.random.Generator) -> tuple[int, int]:
-    """(width, height): 75 % 500x375, 20 % 375x500, 5 % other sizes between 240 and 640."""
-    u = rng.random()
-    if u < 0.75:
-        return 500, 375
-    if u < 0.95:
-        return 375, 500
-    return int(rng.integers(240, 641)), int(rng.integers(240, 641))
-
-
-def make_image(index: int, seed: int = SEED) -> tuple[int, bytes]:
-    """The class label and JPEG bytes of corpus image ``index`` (pure function of the arguments)."""
-    rng = np.random.default_rng([seed, index])
-    label = index % NUM_CLASSES
-    w, h = _size(rng)
-    # Smooth colour field: a coarse random grid upsampled bicubically; the class shifts the palette.
-    base = rng.normal(0.0, 1.0, size=3) * 40.0 + (
-        np.array([label * 7, label * 13, label * 29]) % 120
-    )
-    coarse = (
-        rng.random((int(rng.integers(2, 6)), int(rng.integers(2, 6)), 3)) * 150.0 + base
-    ).clip(0, 255)
-    field = np.asarray(
-        Image.fromarray(coarse.astype(np.uint8), "RGB").resize((w, h), Image.Resampling.BICUBIC),
-        dtype=np.float32,
-    )
-    # Oriented texture: a sum of a few sinusoids (fabric, foliage, waves).
-    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
-    texture = np.zeros((h, w), np.float32)
-    for _ in range(3):
-        freq = rng.uniform(0.02, 0.35)
-        angle = rng.uniform(0, np.pi)
-        phase = rng.uniform(0, 2 * np.pi)
-        texture += rng.uniform(3.0, 12.0) * np.sin(
-            freq * (np.cos(angle) * xx + np.sin(angle) * yy) + phase
-        )
-    img = field + texture[..., None] * rng.uniform(0.5, 1.0, size=3).astype(np.float32)
-    pil = Image.fromarray(img.clip(0, 255).astype(np.uint8), "RGB")
-    # Shapes with soft edges: objects in the scene.
-    draw = ImageDraw.Draw(pil)
-    for _ in range(int(rng.integers(3, 9))):
-        x0, y0 = int(rng.integers(-w // 4, w)), int(rng.integers(-h // 4, h))
-        x1, y1 = x0 + int(rng.integers(20, w // 2)), y0 + int(rng.integers(20, h // 2))
-        colour = tuple(int(c) for c in rng.integers(0, 256, size=3))
-        if rng.random() < 0.5:
-            draw.ellipse((x0, y0, x1, y1), fill=colour)
-        else:
-            draw.rectangle((x0, y0, x1, y1), fill=colour)
-    pil = pil.filter(ImageFilter.GaussianBlur(radius=float(rng.uniform(0.4, 1.2))))
-    # Sensor-like noise (sets most of the file size, like real photos' fine detail).
-    arr = np.asarray(pil, dtype=np.float32)
-    sigma = float(rng.uniform(4.0, 36.0))
-    noise = rng.standard_normal((h, w, 1), dtype=np.float32) * sigma
-    noise = noise + rng.standard_normal((h, w, 3), dtype=np.float32) * (sigma / 3)
-    arr = (arr + noise).clip(0, 255).astype(np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(arr, "RGB").save(buf, format="JPEG", quality=QUALITY)
-    return label, buf.getvalue()
 
 
 def _relpath(index: int) -> str:
