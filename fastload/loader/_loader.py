@@ -28,6 +28,7 @@ import torch
 import torch.utils.data
 
 from fastload.errors import FastloadError, InvalidArgumentError, WorkerError
+from fastload.loader._collate import BufferReleaser
 from fastload.loader._dataset import Dataset, _ReaderCache
 from fastload.loader._device import prefetch_to_device, resolve_device
 from fastload.loader._order import check_seed
@@ -162,8 +163,15 @@ class DataLoader:
             with_meta=True,
         )
         self.rank, self.world_size = self._stream.rank, self._stream.world_size
+        self._releaser: BufferReleaser | None = None
         if num_workers > 0:
             self._stream.track_progress(num_workers)
+            if not self.pin_memory:
+                # Pinned batches are copies: the workers' blocks could not be tracked, so
+                # collation then uses fresh shared memory as torch does.
+                depth = prefetch_factor if prefetch_factor is not None else 2
+                table = self._stream.enable_buffer_reuse(num_workers, 2 * (depth + 3))
+                self._releaser = BufferReleaser(table)
         torch_kwargs: dict[str, Any] = {
             "batch_size": None,
             "num_workers": num_workers,
@@ -316,8 +324,11 @@ class DataLoader:
         if self.device is not None:
             source = prefetch_to_device(source, self.device)
         expected = start
+        releaser = self._releaser
         try:
             while True:
+                if releaser is not None:
+                    releaser.poll()
                 t0 = time.perf_counter()
                 try:
                     meta, batch = next(source)
@@ -336,6 +347,8 @@ class DataLoader:
                         "report this"
                     )
                 expected += 1
+                if releaser is not None and meta.pooled:
+                    releaser.track(batch, meta.worker, meta.pooled)
                 stats.add(meta)
                 stats.elapsed += now - began
                 began = now

@@ -54,7 +54,12 @@ import torch
 import torch.utils.data
 
 from fastload.errors import FastloadError, FormatError, InvalidArgumentError, WorkerError
-from fastload.loader._collate import default_collate, empty_like_batch
+from fastload.loader._collate import (
+    BufferPool,
+    default_collate,
+    empty_like_batch,
+    set_buffer_pool,
+)
 from fastload.loader._dataset import RNG_SEED_KEY, Dataset, sample_nbytes
 from fastload.loader._dist import detect_rank_world
 from fastload.loader._order import EpochOrder, check_seed
@@ -81,6 +86,8 @@ class BatchMeta:
         padded: Padding positions in the batch (repeats of samples delivered elsewhere).
         skipped: Samples dropped as corrupt or undecodable.
         nbytes: Bytes of the raw fields read for the batch.
+        pooled: ``(inode, block, token)`` of the worker's reusable shared-memory blocks that the
+            batch uses (see :class:`~fastload.loader._collate.BufferPool`); empty without reuse.
     """
 
     step: int
@@ -90,6 +97,7 @@ class BatchMeta:
     padded: int
     skipped: int
     nbytes: int
+    pooled: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass
@@ -174,6 +182,9 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
         self._pool_pid = -1
         self._template: Any = None
         self._progress: torch.Tensor | None = None
+        self._release: torch.Tensor | None = None  # [worker, block] -> 0 or token; shared
+        self._buffers: BufferPool | None = None
+        self._buffers_pid = -1
 
     def track_progress(self, num_workers: int) -> None:
         """Let each worker publish (pid, global step, dataset index) of the sample it is working
@@ -181,6 +192,16 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
         be reported with the sample it was processing. Call before the workers start."""
         rows = max(1, num_workers)
         self._progress = torch.full((rows, 3), -1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+
+    def enable_buffer_reuse(self, num_workers: int, blocks: int) -> torch.Tensor:
+        """Let each worker collate into up to ``blocks`` reusable shared-memory blocks (see
+        :mod:`fastload.loader._collate`). Call before the workers start; the returned table is
+        what the consumer's :class:`~fastload.loader._collate.BufferReleaser` frees blocks in.
+        Only for consumers that release blocks (``fastload.DataLoader`` without pinning):
+        otherwise every block stays marked in use and collation falls back to fresh memory."""
+        rows = max(1, num_workers)
+        self._release = torch.zeros((rows, max(1, blocks)), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        return self._release
 
     def progress(self) -> list[tuple[int, int, int]]:
         """``(pid, global step, dataset index)`` per worker, ``-1`` where unknown."""
@@ -195,6 +216,8 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
         state["_pool"] = None
         state["_pool_pid"] = -1
         state["_template"] = None
+        state["_buffers"] = None
+        state["_buffers_pid"] = -1
         return state
 
     # ---- epoch control ----------------------------------------------------------------------
@@ -225,6 +248,14 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if (
+            info is not None
+            and self._release is not None
+            and worker < len(self._release)
+            and (self._buffers is None or self._buffers_pid != os.getpid())
+        ):
+            self._buffers = BufferPool(self._release[worker])
+            self._buffers_pid = os.getpid()
         return self.generate(
             worker=worker,
             num_workers=num_workers,
@@ -413,7 +444,10 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
                     f"{where}: transform failed on {ds.describe(shard, pos, key)}: "
                     f"{type(exc).__name__}: {exc}"
                 ) from exc
+        pooled: tuple[tuple[int, int, int], ...] = ()
         if samples:
+            buffers = self._buffers if self._buffers_pid == os.getpid() else None
+            previous = set_buffer_pool(buffers)
             try:
                 batch = self.collate_fn(samples)
             except Exception as exc:
@@ -422,11 +456,17 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
                     f"shards {sorted({ds.shard_url(int(s)) for s in planned.shards})}: "
                     f"{type(exc).__name__}: {exc}"
                 ) from exc
+            finally:
+                set_buffer_pool(previous)
+                if buffers is not None:
+                    pooled = buffers.take_used()
             if self._template is None:
                 self._template = empty_like_batch(batch)
         else:
             batch = self._empty_batch(where)
-        meta = BatchMeta(planned.step, rank, worker, len(samples), planned.padded, skipped, nbytes)
+        meta = BatchMeta(
+            planned.step, rank, worker, len(samples), planned.padded, skipped, nbytes, pooled
+        )
         return meta, batch
 
     def _report(self, worker: int, step: int, index: int) -> None:
