@@ -7,12 +7,14 @@ Interop is proven against the reference implementations: DALI's ``tfrecord2idx``
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import importlib.util
 import io
 import json
 import logging
+import mmap
 import os
 import pickle
 import re
@@ -20,6 +22,7 @@ import struct
 import subprocess
 import sys
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +36,7 @@ from fastload.errors import CorruptDataError, FormatError, InvalidArgumentError
 from fastload.formats import get_format
 from fastload.formats.tfrecord import FORMAT, TFRecordReader, TFRecordWriter, build_index, detect
 from fastload.formats.tfrecord import _example as ex
-from fastload.formats.tfrecord._framing import crc32c, frame_footer, frame_header
+from fastload.formats.tfrecord._framing import crc32c, crc32c_extend, frame_footer, frame_header
 from fastload.storage import LocalStore, MemoryStore, Store
 from fastload.testing import need
 
@@ -58,6 +61,17 @@ def write(store: Store, key: str, samples: list[dict[str, Any]], **options: Any)
         for sample in samples:
             writer.write(sample)
     return writer.close()
+
+
+@contextlib.contextmanager
+def _mapped(data: bytes) -> Iterator[mmap.mmap]:
+    """``data`` in an anonymous memory map (the buffer type a local shard is read through)."""
+    view = mmap.mmap(-1, len(data))
+    try:
+        view.write(data)
+        yield view
+    finally:
+        view.close()
 
 
 def frame(payload: bytes) -> bytes:
@@ -154,12 +168,24 @@ def test_encoder_matches_protobuf_runtime_and_fast_decoder_matches_runtime(
         # protobuf's own serializer, fed the same features, gives the same bytes
         message = ex.Example.FromString(payload)
         assert message.SerializeToString() == payload
-        assert ex._decode_runtime(payload) == (sample["__key__"], fields)
+        assert ex.decode_runtime(payload) == (sample["__key__"], fields)
+        got: dict[str, bytes] = {}
         try:
-            fast = ex._decode_fast(payload)
-        except ex._Unusual:
+            key = ex.decode_fast(payload, 0, len(payload), None, got)
+        except ex.Unusual:
             continue
-        assert fast == (sample["__key__"], fields)
+        assert (key, got) == ((sample["__key__"], 0), fields)
+        # the same payload inside a memory map of a larger buffer (as in a mapped shard), with
+        # the CRC32C computed while decoding
+        with _mapped(b"\x0a\xff" * 9 + payload + b"\x0a\x7f" * 9) as view:
+            for crc in (0, 12345):
+                got = {"__url__": "u"}
+                assert ex.decode_fast(view, 18, 18 + len(payload), crc, got) == (
+                    sample["__key__"],
+                    crc32c_extend(crc, payload),
+                )
+                assert got == {"__url__": "u", **fields}
+                assert list(got)[1:] == list(fields)
 
 
 def test_typed_features_for_tensorflow_users() -> None:
@@ -489,11 +515,16 @@ def test_detect() -> None:
 # ---- corrupt input --------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def shard() -> tuple[MemoryStore, bytes, list[int]]:
-    store = MemoryStore("tfrecord-corrupt")
-    for meta in list(store.list()):
-        store.delete(meta.key)
+@pytest.fixture(params=["memory", "local"])
+def shard(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Store, bytes, list[int]]:
+    """A 3-record shard, in a MemoryStore (streamed) or a LocalStore (memory-mapped)."""
+    store: Store
+    if request.param == "local":
+        store = LocalStore(tmp_path / "corrupt")
+    else:
+        store = MemoryStore("tfrecord-corrupt")
+        for meta in list(store.list()):
+            store.delete(meta.key)
     write(
         store, "s.tfrecord", [{"__key__": f"k{i}", "bin": bytes([65 + i]) * 200} for i in range(3)]
     )
@@ -512,14 +543,15 @@ def _assert_error(
 ) -> pytest.ExceptionInfo[CorruptDataError]:
     with pytest.raises(CorruptDataError, match=match) as info:
         _read_all(store, **options)
+    url = store.child_url("s.tfrecord")
     assert info.value.offset == offset
-    assert info.value.url == "memory://tfrecord-corrupt/s.tfrecord"
+    assert info.value.url == url
     assert f"byte offset {offset}" in str(info.value)
-    assert "memory://tfrecord-corrupt/s.tfrecord" in str(info.value)
+    assert url in str(info.value)
     return info
 
 
-def test_bad_payload_crc(shard: tuple[MemoryStore, bytes, list[int]]) -> None:
+def test_bad_payload_crc(shard: tuple[Store, bytes, list[int]]) -> None:
     store, data, offsets = shard
     broken = bytearray(data)
     broken[offsets[1] + 100] ^= 0xFF  # inside record 1's value
@@ -536,7 +568,7 @@ def test_bad_payload_crc(shard: tuple[MemoryStore, bytes, list[int]]) -> None:
 
 
 def test_bad_length_crc_stops_the_shard(
-    shard: tuple[MemoryStore, bytes, list[int]], caplog: pytest.LogCaptureFixture
+    shard: tuple[Store, bytes, list[int]], caplog: pytest.LogCaptureFixture
 ) -> None:
     store, data, offsets = shard
     broken = bytearray(data)
@@ -558,7 +590,7 @@ def test_bad_length_crc_stops_the_shard(
     _assert_error(store, "truncated TFRecord: record 1", offsets[1], verify=False)
 
 
-def test_truncated_record_and_header(shard: tuple[MemoryStore, bytes, list[int]]) -> None:
+def test_truncated_record_and_header(shard: tuple[Store, bytes, list[int]]) -> None:
     store, data, offsets = shard
     store.put("s.tfrecord", data[: offsets[2] + 50])
     _assert_error(store, "truncated TFRecord: record 2", offsets[2])
@@ -569,7 +601,7 @@ def test_truncated_record_and_header(shard: tuple[MemoryStore, bytes, list[int]]
     _assert_error(store, "truncated TFRecord: the file ends 5 bytes into", offsets[2])
 
 
-def test_garbage_protobuf(shard: tuple[MemoryStore, bytes, list[int]]) -> None:
+def test_garbage_protobuf(shard: tuple[Store, bytes, list[int]]) -> None:
     store, data, offsets = shard
     garbage = frame(b"\x0a\xff\xff\xff\x0f\x00garbage")
     store.put("s.tfrecord", data[: offsets[1]] + garbage + data[offsets[1] :])
@@ -585,13 +617,13 @@ def test_garbage_protobuf(shard: tuple[MemoryStore, bytes, list[int]]) -> None:
     ]
 
 
-def test_corrupt_compressed_streams(shard: tuple[MemoryStore, bytes, list[int]]) -> None:
+def test_corrupt_compressed_streams(shard: tuple[Store, bytes, list[int]]) -> None:
     store, data, offsets = shard
     packed = gzip.compress(data, mtime=0)
     store.put("s.tfrecord", packed[:-30])
     with pytest.raises(CorruptDataError, match="gzip-compressed TFRecord stream ends") as info:
         _read_all(store)
-    assert info.value.url == "memory://tfrecord-corrupt/s.tfrecord"
+    assert info.value.url == store.child_url("s.tfrecord")
     broken = bytearray(packed)
     broken[len(broken) // 2] ^= 0xFF
     store.put("s.tfrecord", bytes(broken))
@@ -832,9 +864,10 @@ _SMALL_SAMPLE = st.fixed_dictionaries(
     sample=_SMALL_SAMPLE,
     flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), min_size=1, max_size=3),
     cut=st.one_of(st.none(), st.integers(0, 10**6)),
+    trailer=st.one_of(st.just(b"\x0a"), st.just(b"\x12\x01"), st.binary(min_size=1, max_size=12)),
 )
 def test_fast_decoder_never_disagrees_with_protobuf_on_damaged_bytes(
-    sample: dict[str, Any], flips: list[tuple[int, int]], cut: int | None
+    sample: dict[str, Any], flips: list[tuple[int, int]], cut: int | None, trailer: bytes
 ) -> None:
     data = bytearray(b"".join(ex.encode_example(sample["__key__"], fields_of(sample))[0]))
     for where, xor in flips:
@@ -843,11 +876,23 @@ def test_fast_decoder_never_disagrees_with_protobuf_on_damaged_bytes(
         del data[cut % len(data) :]
     payload = bytes(data)
     try:
-        expected: Any = ex._decode_runtime(payload)
+        expected: Any = ex.decode_runtime(payload)
     except ex.ProtoError:
         expected = "error"
+    fields: dict[str, bytes] = {}
     try:
-        fast = ex._decode_fast(payload)
-    except (ex._Unusual, IndexError, UnicodeDecodeError):
-        return  # the runtime decides
-    assert fast == expected
+        key, _ = ex.decode_fast(payload, 0, len(payload), None, fields)
+    except ex.FAST_PATH_MISSES:
+        pass  # the runtime decides
+    else:
+        assert (key, fields) == expected
+    # in a shard's memory map, the bytes after the payload (the footer, the next record) never
+    # change the decision
+    with _mapped(payload + trailer) as view:
+        fields = {}
+        try:
+            key, crc = ex.decode_fast(view, 0, len(payload), 0, fields)
+        except ex.FAST_PATH_MISSES:
+            return
+        assert (key, fields) == expected
+        assert crc == crc32c(payload)

@@ -24,6 +24,7 @@ The mapping between sample fields and Features is the format's spec; see ``READM
 
 from __future__ import annotations
 
+import mmap
 import re
 import struct
 import sys
@@ -35,15 +36,21 @@ import msgpack
 from google.protobuf import descriptor_pb2, descriptor_pool, message, message_factory
 
 from fastload.formats.manifest import field_type
+from fastload.formats.tfrecord._framing import crc32c_extend
 
 __all__ = [
     "BYTES",
+    "FAST_PATH_MISSES",
     "FLOAT",
     "INT64",
     "KEY_FEATURE",
+    "Buffer",
     "Example",
     "ProtoError",
+    "Unusual",
     "decode_example",
+    "decode_fast",
+    "decode_runtime",
     "encode_example",
     "npy_bytes",
 ]
@@ -294,14 +301,23 @@ def encode_example(key: str, fields: Mapping[str, bytes]) -> tuple[list[bytes], 
 
 # ---- decoding -------------------------------------------------------------------------------------
 
+#: What :func:`decode_fast` reads from: ``bytes``, or a read-only ``mmap`` of a whole shard (both
+#: give an ``int`` for ``buf[i]`` and a new ``bytes`` for ``buf[i:j]``).
+Buffer = bytes | mmap.mmap
 
-class _Unusual(Exception):
+
+class Unusual(Exception):
     """The fast decoder met something outside its common shape; use the protobuf runtime."""
 
 
-def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+#: Everything :func:`decode_fast` raises when it does not decide: the caller then hands the
+#: payload to :func:`decode_runtime`, which accepts it or raises :class:`ProtoError`.
+FAST_PATH_MISSES = (Unusual, IndexError, UnicodeDecodeError)
+
+
+def _read_varint(buf: Buffer, pos: int) -> tuple[int, int]:
     """A varint at ``pos`` (at most 10 bytes); ``(value, next_pos)``. Raises IndexError at the end
-    of ``buf`` and :class:`_Unusual` when too long."""
+    of ``buf`` and :class:`Unusual` when too long."""
     b = buf[pos]
     if b < 0x80:
         return b, pos + 1
@@ -316,98 +332,142 @@ def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
             return value & _U64, pos
         shift += 7
         if shift > 63:
-            raise _Unusual
+            raise Unusual
+
+
+def _varint_tail(buf: Buffer, pos: int, low: int) -> tuple[int, int]:
+    """The rest of a varint whose first byte ``low`` (>= 0x80) was at ``pos - 1``:
+    ``(value, next_pos)``. Two- and three-byte varints (lengths below 2 MiB) take no loop."""
+    b = buf[pos]
+    if b < 0x80:
+        return (low & 0x7F) | b << 7, pos + 1
+    c = buf[pos + 1]
+    if c < 0x80:
+        return (low & 0x7F) | (b & 0x7F) << 7 | c << 14, pos + 2
+    return _read_varint(buf, pos - 1)
+
+
+#: Field name -> whether an int64 feature of that name becomes ``npy`` bytes (else decimal text).
+_INT_AS_NPY: dict[str, bool] = {}
 
 
 def _int_field(name: str, value: int) -> bytes:
-    if field_type(name) == "npy":
+    as_npy = _INT_AS_NPY.get(name)
+    if as_npy is None:
+        as_npy = field_type(name) == "npy"
+        if len(_INT_AS_NPY) < 4096:
+            _INT_AS_NPY[name] = as_npy
+    if as_npy:
         return npy_bytes("<i8", struct.pack("<q", value), 1)
     return str(value).encode("ascii")
 
 
-def _decode_fast(buf: bytes) -> tuple[str | None, dict[str, bytes]]:
-    """Decode the common shape in a few Python steps per feature, copying each value once.
+def decode_fast(
+    buf: Buffer, start: int, end: int, crc: int | None, into: dict[str, Any]
+) -> tuple[str | None, int]:
+    """Decode the common shape of the Example in ``buf[start:end]``, copying each value once.
 
     The common shape is what fastload and TensorFlow write for one-value features: every entry is
-    ``key`` then ``value``, every Feature holds one ``bytes_list`` of one value or one
-    ``int64_list`` of one value. Anything else raises :class:`_Unusual` (or IndexError /
-    UnicodeDecodeError), and the caller falls back to the protobuf runtime, which decides.
-    One-byte lengths (the usual case, except for large values) are decoded inline.
+    ``key`` then ``value`` (a name shorter than 128 bytes), every Feature holds one
+    ``bytes_list`` of one value or one ``int64_list`` of one value. Anything else raises one of
+    :data:`FAST_PATH_MISSES`, and the caller falls back to :func:`decode_runtime`, which
+    decides. Bytes of ``buf`` outside ``[start, end)`` may be read but never decide the result
+    (every length is checked against ``end``), so ``buf`` can be a memory map of a whole shard.
+
+    Args:
+        buf: The buffer holding the payload.
+        start: Offset of the payload's first byte in ``buf``.
+        end: Offset just past the payload's last byte (exclusive).
+        crc: ``None``: no checksum. Otherwise a CRC32C to extend: the result's second item is
+            then ``crc32c_extend(crc, buf[start:end])``, computed while decoding, over the
+            ``bytes`` each large value is copied into anyway (``google_crc32c`` takes only
+            ``bytes``), so no byte of the payload is copied twice just to be checksummed.
+        into: The fields are added to this dict, in wire order (a repeated name keeps its last
+            value; names starting with ``__`` are not fields). When this raises, ``into`` may
+            hold some of the fields: discard it.
+
+    Returns:
+        ``(key, crc)``: the ``__key__`` (``None`` if absent) and the extended CRC32C (``0`` when
+        ``crc`` is ``None``).
     """
-    end = len(buf)
     key: str | None = None
-    fields: dict[str, bytes] = {}
-    if end == 0:
-        return key, fields
-    if buf[0] != 0x0A:  # Example.features
-        raise _Unusual
-    n = buf[1]
-    pos = 2
+    if end == start:
+        return key, crc or 0
+    if buf[start] != 0x0A:  # Example.features
+        raise Unusual
+    n = buf[start + 1]
+    pos = start + 2
     if n >= 0x80:
-        n, pos = _read_varint(buf, 1)
+        n, pos = _varint_tail(buf, pos, n)
     if pos + n != end:
-        raise _Unusual
+        raise Unusual
+    done = start  # with crc: the payload bytes before this offset are in it
     while pos < end:
         if buf[pos] != 0x0A:  # Features.feature (a map entry)
-            raise _Unusual
+            raise Unusual
         n = buf[pos + 1]
         if n < 0x80:
             pos += 2
         else:
-            n, pos = _read_varint(buf, pos + 1)
+            n, pos = _varint_tail(buf, pos + 2, n)
         entry_end = pos + n
-        if entry_end > end or buf[pos] != 0x0A:  # entry.key
-            raise _Unusual
-        n = buf[pos + 1]
-        if n < 0x80:
-            pos += 2
-        else:
-            n, pos = _read_varint(buf, pos + 1)
-        if pos + n >= entry_end:
-            raise _Unusual
+        n = buf[pos + 1]  # entry.key, one length byte
+        if entry_end > end or buf[pos] != 0x0A or n >= 0x80 or pos + n + 2 >= entry_end:
+            raise Unusual
+        pos += 2
         name = buf[pos : pos + n].decode("utf-8")
         pos += n
         if buf[pos] != 0x12:  # entry.value (Feature)
-            raise _Unusual
+            raise Unusual
         n = buf[pos + 1]
         if n < 0x80:
             pos += 2
         else:
-            n, pos = _read_varint(buf, pos + 1)
+            n, pos = _varint_tail(buf, pos + 2, n)
         if pos + n != entry_end or n < 3:
-            raise _Unusual
+            raise Unusual
         kind = buf[pos]  # Feature.<kind> tag
         n = buf[pos + 1]
         if n < 0x80:
             pos += 2
         else:
-            n, pos = _read_varint(buf, pos + 1)
+            n, pos = _varint_tail(buf, pos + 2, n)
         if pos + n != entry_end or n < 2 or buf[pos] != 0x0A:  # <Kind>List.value
-            raise _Unusual
+            raise Unusual
         n = buf[pos + 1]
         if n < 0x80:
             pos += 2
         else:
-            n, pos = _read_varint(buf, pos + 1)
+            n, pos = _varint_tail(buf, pos + 2, n)
         if pos + n != entry_end:
-            raise _Unusual
+            raise Unusual
         if kind == 0x0A:  # bytes_list of one value
             if name == KEY_FEATURE:
                 key = buf[pos:entry_end].decode("utf-8")
-            elif not name.startswith("__"):
-                fields[name] = buf[pos:entry_end]
+            elif name[:2] != "__":
+                value = buf[pos:entry_end]
+                if crc is not None and n >= _PIECE_MIN:  # checksum the copy, not the source
+                    crc = crc32c_extend(crc32c_extend(crc, buf[done:pos]), value)
+                    done = entry_end
+                into[name] = value
         elif kind == 0x1A:  # int64_list, packed, of one value
-            value, pos = _read_varint(buf, pos)
-            if pos != entry_end or name.startswith("__"):
-                raise _Unusual
-            fields[name] = _int_field(name, value - (1 << 64) if value > _I64_MAX else value)
+            n = buf[pos]
+            if n < 0x80:
+                pos += 1
+            else:
+                n, pos = _varint_tail(buf, pos + 1, n)
+            if pos != entry_end or name[:2] == "__":
+                raise Unusual
+            into[name] = _int_field(name, n - (1 << 64) if n > _I64_MAX else n)
         else:
-            raise _Unusual
+            raise Unusual
         pos = entry_end
-    return key, fields
+    if crc is None:
+        return key, 0
+    return key, crc32c_extend(crc, buf[done:end]) if done < end else crc
 
 
-def _decode_runtime(payload: bytes) -> tuple[str | None, dict[str, bytes]]:
+def decode_runtime(payload: bytes) -> tuple[str | None, dict[str, bytes]]:
     """Decode any Example with the protobuf runtime."""
     try:
         example = Example.FromString(payload)
@@ -458,7 +518,9 @@ def decode_example(payload: bytes) -> tuple[str | None, dict[str, bytes]]:
     Raises:
         ProtoError: The payload is not a valid Example, or ``__key__`` is not one UTF-8 value.
     """
+    fields: dict[str, bytes] = {}
     try:
-        return _decode_fast(payload)
-    except (_Unusual, IndexError, UnicodeDecodeError):
-        return _decode_runtime(payload)
+        key, _ = decode_fast(payload, 0, len(payload), None, fields)
+    except FAST_PATH_MISSES:
+        return decode_runtime(payload)
+    return key, fields

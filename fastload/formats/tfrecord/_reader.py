@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import mmap
+import os
 import posixpath
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
@@ -14,7 +16,13 @@ from fastload.formats.tfrecord._compression import (
     detect_compression,
     normalize_compression,
 )
-from fastload.formats.tfrecord._example import ProtoError, decode_example
+from fastload.formats.tfrecord._example import (
+    FAST_PATH_MISSES,
+    Buffer,
+    ProtoError,
+    decode_fast,
+    decode_runtime,
+)
 from fastload.formats.tfrecord._framing import HEADER, HEADER_SIZE, U32LE, crc32c, mask, masked_crc
 from fastload.formats.tfrecord._index import RecordIndex, parse_index
 from fastload.storage import ByteRange, Store
@@ -26,6 +34,73 @@ __all__ = ["TFRecordReader"]
 _MAX_READ = 64 * 1024 * 1024
 _EXTENSIONS = (".tfrecords", ".tfrecord", ".tfr")
 _COMPRESSED_SUFFIXES = (".gz", ".gzip", ".zz", ".zlib")
+_O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+_META = ("__key__", "__url__", "__index__")
+
+
+class _BadChecksum(Exception):
+    """A record's payload does not match the CRC32C in its footer."""
+
+
+def _decode_record(
+    buf: Buffer, start: int, end: int, stored: int | None, sample: dict[str, Any]
+) -> str | None:
+    """Add the fields of the Example in ``buf[start:end]`` to ``sample``; return its ``__key__``.
+
+    Each value is copied out of ``buf`` once. ``stored`` is the masked CRC32C from the record's
+    footer (``None``: not checked); the CRC is checked before a decoding error is reported, so
+    damage reads as damage, not as a bad Example.
+
+    Raises:
+        _BadChecksum: The payload does not match ``stored``.
+        ProtoError: The payload is not a valid Example.
+    """
+    try:
+        key, crc = decode_fast(buf, start, end, None if stored is None else 0, sample)
+    except FAST_PATH_MISSES:
+        payload = buf[start:end]  # bytes; no copy when buf is that payload already
+        if stored is not None and mask(crc32c(payload)) != stored:
+            raise _BadChecksum from None
+        key, fields = decode_runtime(payload)
+        meta = {name: sample[name] for name in _META if name in sample}
+        sample.clear()  # drop what the fast path added before it gave up
+        sample.update(meta)
+        sample.update(fields)
+        return key
+    if stored is not None and mask(crc) != stored:
+        raise _BadChecksum
+    return key
+
+
+def _local_file(store: Store, key: str) -> str | None:
+    """The local path of ``key`` if the store has one (``None`` also when it is missing, so that
+    the store's own reader raises its usual error)."""
+    if not store.has_local_paths:
+        return None
+    try:
+        return store.local_path(key)
+    except ObjectNotFoundError:  # missing, or e.g. too large for a local cache
+        return None
+
+
+def _map_file(path: str, *, sequential: bool) -> mmap.mmap | bytes | None:
+    """``path`` mapped read-only (``b""`` when empty), or ``None`` if it cannot be mapped."""
+    try:
+        fd = os.open(path, _O_RDONLY)
+    except OSError:
+        return None  # gone or unreadable: the store's reader raises the proper error
+    try:
+        if os.fstat(fd).st_size == 0:
+            return b""
+        view = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return None  # e.g. a filesystem without mmap support: stream it instead
+    finally:
+        os.close(fd)  # the mapping keeps the file
+    advice = getattr(mmap, "MADV_SEQUENTIAL" if sequential else "MADV_RANDOM", None)
+    if advice is not None and hasattr(view, "madvise"):
+        view.madvise(advice)
+    return view
 
 
 def _read_exact(read: Callable[[int], bytes], n: int) -> bytes:
@@ -94,6 +169,8 @@ class TFRecordReader(ShardReader):
         self._index_loaded = False
         self._no_access = ""  # why there is no random access, once known
         self._stem = default_stem(key)
+        self._map: mmap.mmap | bytes | None = None  # this process's map of a local shard
+        self._map_tried = False
 
     # ---- streaming ------------------------------------------------------------------------------
 
@@ -130,9 +207,97 @@ class TFRecordReader(ShardReader):
         return CorruptDataError(message, url=self.url, offset=offset)
 
     def _records(self, start: int, offset: int) -> Iterator[dict[str, Any]]:
-        """Samples from record ``start`` (at byte ``offset``) to the end of the shard."""
+        """Samples from record ``start`` (at byte ``offset``) to the end of the shard: out of a
+        memory map for a plain local file, else streamed. Opens nothing until first used."""
+        path = _local_file(self.store, self.key)
+        view = None if path is None else _map_file(path, sequential=True)
+        if view is not None:
+            compression = self.compression
+            if compression == "auto":
+                compression = detect_compression(view[: HEADER_SIZE + 64])[1]
+            if compression is None:
+                yield from self._mapped(view, start, offset)
+                return
+            if isinstance(view, mmap.mmap):  # one deflate stream: inflate it as it streams
+                view.close()
+        yield from self._streamed(start, offset)
+
+    def _mapped(self, view: mmap.mmap | bytes, start: int, offset: int) -> Iterator[dict[str, Any]]:
+        """:meth:`_records` out of ``view``, a read-only map of the whole shard, closed at the end.
+
+        Each value is copied once, from the page cache into the ``bytes`` of the sample; the
+        payload CRC is computed over those copies and the framing bytes between them.
+        """
+        url, verify, handle, stem = self.url, self.verify, self.policy.handle, self._stem
+        unpack_header, unpack_crc = HEADER.unpack_from, U32LE.unpack_from
+        size = len(view)
+        i = start
+        try:
+            while offset < size:
+                if size - offset < HEADER_SIZE:
+                    handle(
+                        self._corrupt(
+                            f"truncated TFRecord: the file ends {size - offset} bytes into a "
+                            "12-byte record header",
+                            offset,
+                            None,
+                        )
+                    )
+                    return
+                length, length_crc = unpack_header(view, offset)
+                if verify and masked_crc(view[offset : offset + 8]) != length_crc:
+                    handle(
+                        self._corrupt(
+                            f"TFRecord length CRC mismatch in record {i}: the record length "
+                            "cannot be trusted, so the rest of the shard cannot be read",
+                            offset,
+                            None,
+                        )
+                    )
+                    return
+                begin = offset + HEADER_SIZE
+                end = begin + length
+                if end + 4 > size:
+                    handle(
+                        self._corrupt(
+                            f"truncated TFRecord: record {i} needs {length + 16} bytes, the file "
+                            f"ends after {size - offset}",
+                            offset,
+                            None,
+                        )
+                    )
+                    return
+                record_offset = offset
+                offset = end + 4
+                sample: dict[str, Any] = {"__key__": None, "__url__": url, "__index__": i}
+                try:
+                    key = _decode_record(
+                        view, begin, end, unpack_crc(view, end)[0] if verify else None, sample
+                    )
+                except _BadChecksum:
+                    handle(self._payload_crc_error(i, record_offset, None))
+                    i += 1
+                    continue
+                except ProtoError as exc:
+                    handle(self._corrupt(f"record {i}: {exc}", record_offset, None))
+                    i += 1
+                    continue
+                sample["__key__"] = f"{stem}/{i:08d}" if key is None else key
+                i += 1
+                yield sample
+        finally:
+            if isinstance(view, mmap.mmap):
+                view.close()
+
+    def _payload_crc_error(self, i: int, offset: int, compression: str | None) -> CorruptDataError:
+        return self._corrupt(
+            f"TFRecord payload CRC mismatch in record {i}: the data is damaged", offset, compression
+        )
+
+    def _streamed(self, start: int, offset: int) -> Iterator[dict[str, Any]]:
+        """:meth:`_records` through ``store.open_reader`` (any store; compressed files)."""
         stream, compression = self._open(offset)
-        url, verify, handle = self.url, self.verify, self.policy.handle
+        url, verify, handle, stem = self.url, self.verify, self.policy.handle, self._stem
         unpack_header, unpack_crc = HEADER.unpack, U32LE.unpack
         with stream:
             read = stream.read
@@ -175,28 +340,20 @@ class TFRecordReader(ShardReader):
                     return
                 record_offset = offset
                 offset += length + 16
-                if verify and mask(crc32c(payload)) != unpack_crc(footer)[0]:
-                    handle(
-                        self._corrupt(
-                            f"TFRecord payload CRC mismatch in record {i}: the data is damaged",
-                            record_offset,
-                            compression,
-                        )
+                sample: dict[str, Any] = {"__key__": None, "__url__": url, "__index__": i}
+                try:
+                    key = _decode_record(
+                        payload, 0, length, unpack_crc(footer)[0] if verify else None, sample
                     )
+                except _BadChecksum:
+                    handle(self._payload_crc_error(i, record_offset, compression))
                     i += 1
                     continue
-                try:
-                    key, fields = decode_example(payload)
                 except ProtoError as exc:
                     handle(self._corrupt(f"record {i}: {exc}", record_offset, compression))
                     i += 1
                     continue
-                sample: dict[str, Any] = {
-                    "__key__": f"{self._stem}/{i:08d}" if key is None else key,
-                    "__url__": url,
-                    "__index__": i,
-                }
-                sample.update(fields)
+                sample["__key__"] = f"{stem}/{i:08d}" if key is None else key
                 i += 1
                 yield sample
 
@@ -251,10 +408,12 @@ class TFRecordReader(ShardReader):
         return len(self._load_index())
 
     def read(self, i: int) -> dict[str, Any]:
-        """The ``i``-th sample, with one ranged get of its record.
+        """The ``i``-th sample (negative ``i`` counts from the end).
 
-        Raises whatever the record's damage is (:class:`CorruptDataError`) regardless of
-        ``on_error``, since there is no sample to return.
+        A plain local file is memory-mapped on the first call (per process; :meth:`close`
+        unmaps it) and each field is one copy out of the map; other stores get one ranged
+        request per record. Raises whatever the record's damage is (:class:`CorruptDataError`)
+        regardless of ``on_error``, since there is no sample to return.
 
         Raises:
             IndexError: ``i`` is out of range.
@@ -267,16 +426,25 @@ class TFRecordReader(ShardReader):
             raise IndexError(f"record {i} out of range: {self.url} has {n} records")
         i %= n
         offset, size = index.offsets[i], index.sizes[i]
-        try:
-            data = self.store.get(self.key, ByteRange(offset, offset + size))
-        except ValueError as exc:  # InvalidRangeError: the index points past the end
+        buf: Buffer
+        view = self._local_map()
+        if view is not None:
+            buf, base = view, offset
+            past_end: Exception | None = None if offset + size <= len(view) else ValueError()
+        else:
+            base, past_end = 0, None
+            try:
+                buf = self.store.get(self.key, ByteRange(offset, offset + size))
+            except ValueError as exc:  # InvalidRangeError: the index points past the end
+                past_end = exc
+        if past_end is not None:
             raise CorruptDataError(
                 f"the index entry of record {i} ({offset} {size}) reaches past the end of the "
                 "shard; rebuild the index with `fastload index`",
                 url=self.url,
                 offset=offset,
-            ) from exc
-        length, length_crc = HEADER.unpack_from(data)
+            ) from past_end
+        length, length_crc = HEADER.unpack_from(buf, base)
         if length + 16 != size:
             raise CorruptDataError(
                 f"record {i} has length {length} but its index entry says {size} bytes; the "
@@ -284,29 +452,37 @@ class TFRecordReader(ShardReader):
                 url=self.url,
                 offset=offset,
             )
-        payload = data[HEADER_SIZE:-4]
+        stored: int | None = None
         if self.verify:
-            if masked_crc(data[:8]) != length_crc:
+            if masked_crc(buf[base : base + 8]) != length_crc:
                 raise CorruptDataError(
                     f"TFRecord length CRC mismatch in record {i}", url=self.url, offset=offset
                 )
-            if mask(crc32c(payload)) != U32LE.unpack_from(data, size - 4)[0]:
-                raise CorruptDataError(
-                    f"TFRecord payload CRC mismatch in record {i}: the data is damaged",
-                    url=self.url,
-                    offset=offset,
-                )
+            stored = U32LE.unpack_from(buf, base + size - 4)[0]
+        sample: dict[str, Any] = {"__key__": None, "__url__": self.url, "__index__": i}
         try:
-            key, fields = decode_example(payload)
+            key = _decode_record(buf, base + HEADER_SIZE, base + size - 4, stored, sample)
+        except _BadChecksum:
+            raise self._payload_crc_error(i, offset, None) from None
         except ProtoError as exc:
             raise CorruptDataError(f"record {i}: {exc}", url=self.url, offset=offset) from exc
-        sample: dict[str, Any] = {
-            "__key__": f"{self._stem}/{i:08d}" if key is None else key,
-            "__url__": self.url,
-            "__index__": i,
-        }
-        sample.update(fields)
+        sample["__key__"] = f"{self._stem}/{i:08d}" if key is None else key
         return sample
+
+    def _local_map(self) -> mmap.mmap | bytes | None:
+        """The shard mapped into memory when it is a plain local file (kept until :meth:`close`;
+        only called once the index exists, which implies an uncompressed file)."""
+        if not self._map_tried:
+            path = _local_file(self.store, self.key)
+            self._map = None if path is None else _map_file(path, sequential=False)
+            self._map_tried = True
+        return self._map
+
+    def close(self) -> None:
+        """Unmap the shard if :meth:`read` mapped it. The reader stays usable."""
+        view, self._map, self._map_tried = self._map, None, False
+        if isinstance(view, mmap.mmap):
+            view.close()
 
     def iter_from(self, start: int) -> Iterator[dict[str, Any]]:
         """Yield samples from position ``start`` on: with an index it seeks there; without one
@@ -323,8 +499,9 @@ class TFRecordReader(ShardReader):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        # reload lazily in the new process; keeps pickles small
+        # reload and remap lazily in the new process; keeps pickles small
         state["_index"], state["_index_loaded"] = None, False
+        state["_map"], state["_map_tried"] = None, False
         return state
 
 
