@@ -11,7 +11,7 @@ The order of an epoch is a pure function of (seed, epoch) (:class:`EpochOrder`);
 into global steps, rank batches and worker tasks is pure arithmetic (:class:`Partition`).
 """
 
-from fastload.loader._collate import ToTuple, default_collate, to_tuple
+from fastload.loader._collate import PackedBytes, ToTuple, default_collate, pack_bytes, to_tuple
 from fastload.loader._dataset import Dataset, open_dataset
 from fastload.loader._dist import detect_rank_world
 from fastload.loader._loader import STATE_VERSION, DataLoader
@@ -28,10 +28,12 @@ __all__ = [
     "DataLoader",
     "Dataset",
     "EpochOrder",
+    "PackedBytes",
     "Partition",
     "ToTuple",
     "default_collate",
     "detect_rank_world",
     "open_dataset",
+    "pack_bytes",
     "to_tuple",
 ]

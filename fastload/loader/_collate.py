@@ -203,11 +203,14 @@ def _rebuild_packed(buffer: torch.Tensor, n: int) -> PackedBytes:
     return PackedBytes(buffer, n)
 
 
-class PackedBytes(Sequence[bytes]):
+class PackedBytes:
     """A batch of byte strings in one ``uint8`` tensor; what byte fields collate into.
 
-    Behaves as a read-only sequence of ``bytes`` (``len``, indexing, iteration, ``==`` with a
-    list of bytes), so code written for lists keeps working; ``tolist()`` gives the list.
+    Behaves as a read-only sequence of ``bytes`` (``len``, indexing, slicing to a list,
+    iteration, ``in``, ``==`` with a list of bytes), so code written for lists keeps working;
+    ``tolist()`` gives the list. It is deliberately not a ``collections.abc.Sequence``, so
+    that ``torch.utils.data.DataLoader``'s ``default_convert`` passes it through instead of
+    turning it back into a list.
     Zero-copy access: :meth:`view` (a ``memoryview``), :meth:`tensor` (a ``uint8`` tensor, e.g.
     for ``torchvision.io.decode_jpeg`` on a GPU after :meth:`to`), :attr:`data` and
     :attr:`offsets` (item ``i`` is ``data[offsets[i]:offsets[i + 1]]``).
