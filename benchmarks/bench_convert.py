@@ -20,7 +20,11 @@ process: fastload's forked workers are included, a forkserver's would not be), a
 each fastload format to ``tar`` (goal >= 0.8) and to the best peer (goal >= 2), by wall time and,
 as a check that holds on a busy machine, by CPU time.
 
-Run: ``python -m benchmarks.bench_convert [--quick] [--rounds N] [--json PATH]``.
+Output goes to a fresh temporary directory under the corpus root (removed at the end), so runs
+started by different people at the same time do not collide.
+
+Run: ``python -m benchmarks.bench_convert [--quick] [--rounds N] [--formats F,...] [--no-peers]
+[--json PATH]``.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from dataclasses import dataclass, field
@@ -148,14 +153,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default 3, quick 2)")
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--no-peers", action="store_true", help="skip litdata and mds")
+    parser.add_argument(
+        "--formats",
+        default=",".join(FORMATS),
+        help=f"comma-separated fastload formats to run (default {','.join(FORMATS)})",
+    )
     args = parser.parse_args(argv)
     count = args.count or (2_000 if args.quick else 10_000)
     rounds = args.rounds or (2 if args.quick else 3)
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    unknown = sorted(set(formats) - set(FORMATS))
+    if unknown or not formats:
+        parser.error(f"--formats takes names from {', '.join(FORMATS)}, got {args.formats!r}")
 
     corpus = ensure_corpus(count)
     folder = corpus.folder()
     jpeg_bytes = corpus.total_bytes()
-    work = DEFAULT_ROOT / "convert-bench-out"
+    work = Path(tempfile.mkdtemp(prefix="convert-bench-out-", dir=DEFAULT_ROOT))
     scripts = work / "scripts"
     scripts.mkdir(parents=True, exist_ok=True)
     for name, text in (("wds.py", _WDS), ("mds.py", _MDS), ("litdata_opt.py", _LITDATA)):
@@ -163,7 +177,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     py = sys.executable
     contenders = [Contender("tar", ["tar", "-cf", "{OUT}", "-C", str(folder), "."])]
-    for fmt in FORMATS:
+    for fmt in formats:
         contenders.append(
             Contender(
                 f"fastload-{fmt}",
@@ -200,13 +214,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"corpus: {count} images, {jpeg_bytes / 1e6:.0f} MB at {folder}; {rounds} rounds, "
         f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
     )
-    for r in range(rounds):
-        order = contenders if r % 2 == 0 else contenders[::-1]
-        for c in order:
-            _run(c, work / ("out.tar" if c.name == "tar" else f"out-{c.name}"))
-            print(
-                f"  round {r + 1}: {c.name:18s} {c.walls[-1]:7.2f} s wall {c.cpus[-1]:7.2f} s CPU"
-            )
+    try:
+        for r in range(rounds):
+            order = contenders if r % 2 == 0 else contenders[::-1]
+            for c in order:
+                _run(c, work / ("out.tar" if c.name == "tar" else f"out-{c.name}"))
+                print(
+                    f"  round {r + 1}: {c.name:18s} {c.walls[-1]:7.2f} s wall "
+                    f"{c.cpus[-1]:7.2f} s CPU"
+                )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
     med = {c.name: statistics.median(c.walls) for c in contenders}
     tar = med["tar"]
@@ -247,7 +265,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{row['cpu_ratio_best_peer']:10.2f}"
         )
     print(f"\nbest peer: {best_peer}; goals: >= {GOAL_TAR} x tar, >= {GOAL_PEER} x best peer")
-    for fmt in FORMATS:
+    for fmt in formats:
         row = results["contenders"][f"fastload-{fmt}"]
         ok = row["ratio_tar"] >= GOAL_TAR and row["ratio_best_peer"] >= GOAL_PEER
         print(
@@ -257,7 +275,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results["best_peer"] = best_peer
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
-    shutil.rmtree(work, ignore_errors=True)
     return results
 
 

@@ -22,6 +22,7 @@ SIGKILL) resumed with the same command gives the same bytes as an uninterrupted 
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import multiprocessing
@@ -518,14 +519,17 @@ def convert(
     source = open_source(src, source_type=source_type, store_options=source_options)
     dst_store = open_store(dst, **dict(store_options or {}))
     _check_not_inside(source, dst_store)
-    # Start the worker processes now: they import fastload while this process plans.
-    pool = (
-        _Pool(n_workers, fmt)
-        if n_workers > 1
+    use_pool = (
+        n_workers > 1
         and not dry_run
         and not isinstance(dst_store, MemoryStore)
         and not isinstance(source.store, MemoryStore)
-        else None
+    )
+    # Workers that import fastload (forkserver, spawn) start now, importing while this process
+    # plans. Forked workers start when the jobs are known: forking costs little, and forked
+    # children would slow the planning here (copy-on-write faults, CPU).
+    pool = (
+        _Pool(n_workers, fmt) if use_pool and _pool_context().get_start_method() != "fork" else None
     )
     try:
         # 1. plan
@@ -673,6 +677,8 @@ def convert(
             for shard in shards
             if shard.name not in records
         ]
+        if pool is None and use_pool and len(jobs) > 1:
+            pool = _Pool(min(n_workers, len(jobs)), fmt)
         try:
             if pool is None or len(jobs) <= 1:
                 _run_in_process(jobs, records, progress, done_samples, done_bytes)
@@ -799,8 +805,10 @@ def _run_in_process(
 
 
 class _Pool:
-    """Worker processes for shard jobs, started before planning (see :func:`_pool_context` for the
-    start method; a forkserver preloads the conversion and format writer modules)."""
+    """Worker processes for shard jobs (see :func:`_pool_context` for the start method; a
+    forkserver preloads the conversion and format writer modules). Forked workers start with
+    the parent's objects frozen (``gc.freeze``), so their garbage collector does not touch, and
+    so copy, the parent's heap (e.g. the plan)."""
 
     def __init__(self, n_workers: int, fmt: Format) -> None:
         ctx = _pool_context()
@@ -815,8 +823,15 @@ class _Pool:
             initializer=_init_worker,
             initargs=(self.samples, self.nbytes),
         )
-        for _ in range(n_workers):  # each submit starts one worker process
-            self.executor.submit(get_format, fmt.name)
+        forking = ctx.get_start_method() == "fork"
+        if forking:
+            gc.freeze()
+        try:
+            for _ in range(n_workers):  # the first submit forks them all; else one per submit
+                self.executor.submit(get_format, fmt.name)
+        finally:
+            if forking:
+                gc.unfreeze()
 
     def shutdown(self) -> None:
         """Cancel jobs not started, wait for running ones (they finish their shard)."""

@@ -58,7 +58,11 @@ class Progress:
         if not quiet and _isatty(self.stream):
             from tqdm import tqdm
 
-            self._bar = tqdm(
+            class _Bar(tqdm):  # type: ignore[type-arg]
+                # No monitor thread: conversion forks its workers only while it runs one thread.
+                monitor_interval = 0
+
+            self._bar = _Bar(
                 total=total_samples,
                 unit="sample",
                 unit_scale=True,

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import zlib
 from collections.abc import Mapping
 from typing import Any, cast
 
 from fastload.errors import InvalidArgumentError
 from fastload.formats._base import ShardInfo, ShardWriter
+from fastload.formats._output import ShardOutput
 from fastload.formats._sample import encode_sample
 from fastload.formats.tfrecord._compression import normalize_compression, wbits
 from fastload.formats.tfrecord._example import encode_example
@@ -17,15 +17,14 @@ from fastload.storage import Store
 
 __all__ = ["TFRecordWriter"]
 
-_SMALL = 64 * 1024
-
 
 class TFRecordWriter(ShardWriter):
     """Writes samples as ``tf.train.Example`` records into one TFRecord shard.
 
-    The shard streams through ``store.open_writer(key)``: nothing is visible under ``key`` until
-    :meth:`close` commits it; then, for uncompressed shards with ``index=True``, the DALI
-    ``tfrecord2idx``-format index is put at ``key + ".idx"``. The same samples always give the same
+    The shard streams through ``store.open_writer(key)`` in chunks of a few MiB, hashed and written
+    by a helper thread (:class:`~fastload.formats._output.ShardOutput`); nothing is visible under
+    ``key`` until :meth:`close` commits it; then, for uncompressed shards with ``index=True``, the
+    DALI ``tfrecord2idx``-format index is put at ``key + ".idx"``. The same samples always give the same
     bytes (shard and index). The field → Feature mapping is in the format README.
 
     A writer is used by one thread at a time.
@@ -67,8 +66,7 @@ class TFRecordWriter(ShardWriter):
         if self.compression:
             self.write_index = False
         self._out = store.open_writer(key)
-        self._sha = hashlib.sha256()
-        self._written = 0  # bytes of the shard object so far
+        self._output = ShardOutput(self._out)
         self._offset = 0  # uncompressed position: where the next record starts
         self._index: list[str] = []
         self._info: ShardInfo | None = None
@@ -77,16 +75,14 @@ class TFRecordWriter(ShardWriter):
     def num_bytes(self) -> int:
         """Bytes of the shard object written so far. With compression this lags behind, as the
         compressor buffers up to a few hundred KiB."""
-        return self._written
+        return self._output.nbytes
 
     def _emit(self, data: bytes) -> None:
         if self._compressor is not None:
             data = self._compressor.compress(data)
             if not data:
                 return
-        self._out.write(data)
-        self._sha.update(data)
-        self._written += len(data)
+        self._output.write(data)
 
     def write(self, sample: Mapping[str, Any]) -> None:
         """Append one sample as one record.
@@ -104,20 +100,11 @@ class TFRecordWriter(ShardWriter):
         crc = 0
         for piece in pieces:
             crc = crc32c_extend(crc, piece)
-        header, footer = frame_header(length), frame_footer(crc)
-        # Few, large writes: small framing bytes and small pieces are joined, large values are
-        # passed on as they are (not copied).
-        small: list[bytes] = []
-        for chunk in (header, *pieces, footer):
-            if len(chunk) <= _SMALL:
-                small.append(chunk)
-                continue
-            if small:
-                self._emit(b"".join(small))
-                small = []
-            self._emit(chunk)
-        if small:
-            self._emit(b"".join(small))
+        emit = self._emit if self._compressor is not None else self._output.write
+        emit(frame_header(length))
+        for piece in pieces:
+            emit(piece)
+        emit(frame_footer(crc))
         size = length + 16
         if self.write_index:
             self._index.append(f"{self._offset} {size}\n")
@@ -131,12 +118,18 @@ class TFRecordWriter(ShardWriter):
         """
         if self._info is not None:
             return self._info
-        if self._compressor is not None:
-            tail = self._compressor.flush()
-            self._compressor = None
-            if tail:
-                self._emit(tail)
-        self._out.commit()
+        try:
+            if self._compressor is not None:
+                tail = self._compressor.flush()
+                self._compressor = None
+                if tail:
+                    self._emit(tail)
+            sha256 = self._output.finish()
+            self._out.commit()
+        except BaseException:
+            self._output.abort()
+            self._out.abort()
+            raise
         index_key = None
         if self.write_index:
             index_key = self.key + ".idx"
@@ -144,8 +137,8 @@ class TFRecordWriter(ShardWriter):
         self._info = ShardInfo(
             key=self.key,
             num_samples=self.num_samples,
-            num_bytes=self._written,
-            sha256=self._sha.hexdigest(),
+            num_bytes=self._output.nbytes,
+            sha256=sha256,
             index_key=index_key,
             fields=dict(self.fields),
         )
@@ -153,4 +146,7 @@ class TFRecordWriter(ShardWriter):
 
     def abort(self) -> None:
         """Discard the shard; nothing becomes visible. Safe to call more than once."""
+        if self._info is not None:
+            return
+        self._output.abort()
         self._out.abort()

@@ -6,23 +6,50 @@ from collections.abc import Mapping
 from typing import Any
 
 from fastload.errors import InvalidArgumentError
-from fastload.formats._base import ShardInfo, ShardWriter, _HashingCounter
+from fastload.formats._base import ShardInfo, ShardWriter
+from fastload.formats._output import ShardOutput
 from fastload.formats._sample import encode_sample
-from fastload.formats.webdataset._tar import BLOCK, END_OF_ARCHIVE, encode_member_header
+from fastload.formats.webdataset._tar import (
+    BLOCK,
+    END_OF_ARCHIVE,
+    MAX_USTAR_SIZE,
+    encode_member_header,
+)
 from fastload.formats.webdataset.index import Component, format_index, has_index_whitespace
 from fastload.storage import Store
 
 __all__ = ["WebDatasetWriter"]
 
+_ZEROS = bytes(BLOCK)
 #: Data up to this size is joined with its header into one write.
-_SMALL = 16 * 1024
+_SMALL = 4096
+
+# A fast path for the common member header (name <= 100 bytes, size < 8 GiB): every field but
+# name, size and checksum is fixed, so the header is spliced from a template that
+# ``encode_member_header`` itself made (ustar offsets: name 0, size 124, chksum 148, end 512).
+_TEMPLATE = encode_member_header(b"x", 0)
+_HEAD, _MID, _TAIL = _TEMPLATE[100:124], _TEMPLATE[136:148], _TEMPLATE[156:]
+# Checksum of the fixed fields, with the checksum field counted as eight spaces (POSIX).
+_FIXED_SUM = sum(_HEAD) + sum(_MID) + 8 * 0x20 + sum(_TAIL)
+
+
+def _member_header(name: bytes, size: int) -> bytes:
+    """``encode_member_header(name, size)``, faster for the names and sizes of ordinary samples."""
+    if len(name) > 100 or size > MAX_USTAR_SIZE or size < 0:
+        return encode_member_header(name, size)
+    size_field = b"%011o\x00" % size
+    checksum = _FIXED_SUM + sum(name) + sum(size_field)
+    return b"".join(
+        (name.ljust(100, b"\0"), _HEAD, size_field, _MID, b"%06o\x00 " % checksum, _TAIL)
+    )
 
 
 class WebDatasetWriter(ShardWriter):
     """Writes samples as tar members ``KEY.FIELD``, grouped by sample, in the order given.
 
-    The shard is streamed through ``store.open_writer(key)``: memory use does not grow with the
-    shard (apart from the index lines, ~60 bytes per field). Output is deterministic: the same
+    The shard is streamed through ``store.open_writer(key)`` in chunks of a few MiB, hashed and
+    written by a helper thread (:class:`~fastload.formats._output.ShardOutput`): memory use does
+    not grow with the shard (apart from the index entries, ~100 bytes per field). Output is deterministic: the same
     samples written in the same order give byte-identical shards (mtime 0, uid/gid 0, empty
     owner names, mode 0644, ustar headers, no record padding). After the shard is committed,
     its DALI ``v1.2`` index is stored as ``key + ".idx"`` (unless ``index=False``).
@@ -45,7 +72,7 @@ class WebDatasetWriter(ShardWriter):
         super().__init__(store, key, index=index)
         self.index_key = key + ".idx" if index else None
         self._out = store.open_writer(key)
-        self._hash = _HashingCounter()
+        self._output = ShardOutput(self._out)
         self._pad = 0  # zero bytes owed after the previous member's data
         self._last_key: str | None = None
         self._samples: list[list[Component]] = []
@@ -55,11 +82,7 @@ class WebDatasetWriter(ShardWriter):
     @property
     def num_bytes(self) -> int:
         """Bytes of shard written so far (headers and data, before the end-of-archive blocks)."""
-        return self._hash.nbytes
-
-    def _emit(self, data: bytes) -> None:
-        self._out.write(data)
-        self._hash.update(data)
+        return self._output.nbytes
 
     def _check_key(self, key: str) -> None:
         where = f"writing {self.store.child_url(self.key)}"
@@ -110,19 +133,23 @@ class WebDatasetWriter(ShardWriter):
                 raise InvalidArgumentError(
                     f"member name {name!r} cannot be encoded as UTF-8: {exc}"
                 ) from exc
-            members.append((field, name, encode_member_header(raw, len(data)), data))
+            members.append((field, name, _member_header(raw, len(data)), data))
 
         comps = []
+        output = self._output
+        pad = self._pad
         for field, name, header, data in members:
-            lead = bytes(self._pad) + header if self._pad else header
-            offset = self._hash.nbytes + len(lead)
-            if len(data) <= _SMALL:
-                self._emit(lead + data)
+            size = len(data)
+            if pad:
+                header = _ZEROS[:pad] + header
+            comps.append(Component(field, output.nbytes + len(header), size, name))
+            if size <= _SMALL:
+                output.write(header + data)
             else:
-                self._emit(lead)
-                self._emit(data)
-            self._pad = -len(data) % BLOCK
-            comps.append(Component(field, offset, len(data), name))
+                output.write(header)
+                output.write(data)
+            pad = -size % BLOCK
+        self._pad = pad
         self._samples.append(comps)
         self._last_key = key
         self._count_fields(encoded)
@@ -140,10 +167,12 @@ class WebDatasetWriter(ShardWriter):
             )
         self._done = True
         try:
-            self._emit(bytes(self._pad) + END_OF_ARCHIVE)
+            self._output.write(bytes(self._pad) + END_OF_ARCHIVE)
             self._pad = 0
+            sha256 = self._output.finish()
             self._out.commit()
         except BaseException:
+            self._output.abort()
             self._out.abort()
             raise
         if self.index_key is not None:
@@ -152,8 +181,8 @@ class WebDatasetWriter(ShardWriter):
         self._info = ShardInfo(
             key=self.key,
             num_samples=self.num_samples,
-            num_bytes=self._hash.nbytes,
-            sha256=self._hash.sha.hexdigest(),
+            num_bytes=self._output.nbytes,
+            sha256=sha256,
             index_key=self.index_key,
             fields=dict(self.fields),
         )
@@ -165,4 +194,5 @@ class WebDatasetWriter(ShardWriter):
             return
         self._done = True
         self._samples = []
+        self._output.abort()
         self._out.abort()
