@@ -455,8 +455,9 @@ def test_build_index_errors(tmp_path: Path) -> None:
     assert build_index(store, "e.tfrecord") == b""
 
 
-def test_random_access_and_index_problems() -> None:
-    store = MemoryStore("tfrecord-index")
+@pytest.mark.parametrize("backend", ["memory", "local"])
+def test_random_access_and_index_problems(backend: str, tmp_path: Path) -> None:
+    store = MemoryStore("tfrecord-index") if backend == "memory" else LocalStore(tmp_path)
     write(store, "s.tfrecord", [{"__key__": f"k{i}", "bin": bytes([i]) * i} for i in range(10)])
     reader = TFRecordReader(store, "s.tfrecord")
     assert len(reader) == 10
@@ -491,6 +492,57 @@ def test_random_access_and_index_problems() -> None:
     with pytest.raises(FormatError, match="fastload index"):
         no_index.read(0)
     assert [s["__key__"] for s in no_index.iter_from(8)] == ["k8", "k9"]
+
+
+def test_local_shards_are_read_through_a_memory_map(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batch = [
+        {"__key__": f"k{i}", "jpg": bytes([i]) * (5000 * i), "cls": i, "txt": b"t" * i}
+        for i in range(6)
+    ]
+    local = LocalStore(tmp_path)
+    write(local, "s.tfrecord", batch)
+    memory = MemoryStore("tfrecord-mapped")
+    memory.put("s.tfrecord", local.get("s.tfrecord"))
+    memory.put("s.tfrecord.idx", local.get("s.tfrecord.idx"))
+    streamed = list(TFRecordReader(memory, "s.tfrecord"))
+    assert [fields_of(s) for s in streamed] == [
+        {"jpg": s["jpg"], "cls": str(s["cls"]).encode(), "txt": s["txt"]} for s in batch
+    ]
+
+    def no_streaming(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a local shard must not be streamed")
+
+    monkeypatch.setattr(local, "open_reader", no_streaming)
+    monkeypatch.setattr(local, "get_ranges", no_streaming)
+    reader = TFRecordReader(local, "s.tfrecord")
+    mapped = list(reader)
+    assert [{k: v for k, v in s.items() if k != "__url__"} for s in mapped] == [
+        {k: v for k, v in s.items() if k != "__url__"} for s in streamed
+    ]
+    assert [list(s) for s in mapped] == [list(s) for s in streamed]  # same field order
+    assert all(type(v) is bytes for s in mapped for k, v in s.items() if k[:2] != "__")
+    assert [s["__index__"] for s in reader.iter_from(4)] == [4, 5]
+
+    # read(i) slices a map kept until close(); the reader pickles without it
+    real_get = local.get
+    monkeypatch.setattr(
+        local, "get", lambda key, *a: no_streaming() if key == "s.tfrecord" else real_get(key, *a)
+    )
+    assert reader.read(5) == mapped[5]
+    assert reader.read(-6) == mapped[0]
+    clone = pickle.loads(pickle.dumps(reader))
+    reader.close()
+    assert reader.read(3) == mapped[3]
+    assert clone.read(2) == mapped[2]
+    clone.close()
+    reader.close()
+
+    # an empty local file is an empty shard
+    monkeypatch.undo()
+    local.put("empty.tfrecord", b"")
+    assert list(TFRecordReader(local, "empty.tfrecord")) == []
 
 
 # ---- detection ------------------------------------------------------------------------------------

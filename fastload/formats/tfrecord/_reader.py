@@ -230,6 +230,7 @@ class TFRecordReader(ShardReader):
         """
         url, verify, handle, stem = self.url, self.verify, self.policy.handle, self._stem
         unpack_header, unpack_crc = HEADER.unpack_from, U32LE.unpack_from
+        crc_init = 0 if verify else None
         size = len(view)
         i = start
         try:
@@ -245,7 +246,7 @@ class TFRecordReader(ShardReader):
                     )
                     return
                 length, length_crc = unpack_header(view, offset)
-                if verify and masked_crc(view[offset : offset + 8]) != length_crc:
+                if verify and mask(crc32c(view[offset : offset + 8])) != length_crc:
                     handle(
                         self._corrupt(
                             f"TFRecord length CRC mismatch in record {i}: the record length "
@@ -271,9 +272,15 @@ class TFRecordReader(ShardReader):
                 offset = end + 4
                 sample: dict[str, Any] = {"__key__": None, "__url__": url, "__index__": i}
                 try:
-                    key = _decode_record(
-                        view, begin, end, unpack_crc(view, end)[0] if verify else None, sample
-                    )
+                    try:  # the common case, inline: _decode_record does the same
+                        key, crc = decode_fast(view, begin, end, crc_init, sample)
+                    except FAST_PATH_MISSES:
+                        key = _decode_record(
+                            view, begin, end, unpack_crc(view, end)[0] if verify else None, sample
+                        )
+                    else:
+                        if verify and mask(crc) != unpack_crc(view, end)[0]:
+                            raise _BadChecksum
                 except _BadChecksum:
                     handle(self._payload_crc_error(i, record_offset, None))
                     i += 1
