@@ -80,7 +80,9 @@ class DataLoader:
             batch ahead (and turns on ``pin_memory``); ``None``/``"cpu"`` leaves batches on the CPU.
         rank: This process's rank (detected from ``torch.distributed`` or ``RANK`` if ``None``).
         world_size: Number of ranks (detected likewise if ``None``).
-        io_threads: Reader threads per worker that fetch the next batch's samples ahead.
+        io_threads: Reader threads per worker that fetch the next batch's samples ahead;
+            ``None`` (default): none for local files, 4 for remote stores and caches (see
+            :func:`~fastload.loader._stream.default_io_threads`).
         prefetch_batches: Batches per worker whose reads run ahead of decoding.
 
     Thread and process safety: use one loader from one thread. The loader, its dataset and its
@@ -111,7 +113,7 @@ class DataLoader:
         device: str | torch.device | None = None,
         rank: int | None = None,
         world_size: int | None = None,
-        io_threads: int = 4,
+        io_threads: int | None = None,
         prefetch_batches: int = 1,
     ) -> None:
         if not isinstance(dataset, Dataset):
