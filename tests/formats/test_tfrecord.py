@@ -907,8 +907,22 @@ _SMALL_SAMPLE = st.fixed_dictionaries(
         "jpg": st.binary(max_size=300),
         "cls": _INT_TEXT,
         "txt": st.binary(max_size=20),
+        "bin": st.sampled_from([16_380, 16_400]).map(lambda n: bytes(range(256)) * (n // 256)),
     },
 )
+
+
+@pytest.mark.parametrize(
+    "size", [0, 1, 120, 127, 128, 16_370, 16_383, 16_384, 2**21 - 20, 2**21, 2**21 + 5]
+)
+def test_fast_decoder_at_every_varint_width(size: int) -> None:
+    """Lengths of 1, 2, 3 and 4 varint bytes, in every length field of a feature."""
+    fields = {"bin": b"\xab" * size, "cls": str(size * 977 - 5).encode(), "txt": b"x"}
+    payload = b"".join(ex.encode_example("k", fields)[0])
+    got: dict[str, bytes] = {}
+    assert ex.decode_fast(payload, 0, len(payload), 7, got) == ("k", crc32c_extend(7, payload))
+    assert got == fields
+    assert ex.decode_runtime(payload) == ("k", fields)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))

@@ -362,6 +362,21 @@ def _int_field(name: str, value: int) -> bytes:
     return str(value).encode("ascii")
 
 
+#: Roles of feature names: a field, the sample key, or another reserved ``__name__`` (skipped).
+_FIELD, _KEY, _RESERVED = 0, 1, 2
+#: Encoded feature name -> (name, role); bounded, since names come from data.
+_NAMES: dict[bytes, tuple[str, int]] = {}
+
+
+def _name_role(raw: bytes) -> tuple[str, int]:
+    """``(name, role)`` of an encoded feature name. Raises UnicodeDecodeError."""
+    name = raw.decode("utf-8")
+    role = _KEY if name == KEY_FEATURE else _RESERVED if name.startswith("__") else _FIELD
+    if len(_NAMES) < 4096:
+        _NAMES[raw] = (name, role)
+    return name, role
+
+
 def decode_fast(
     buf: Buffer, start: int, end: int, crc: int | None, into: dict[str, Any]
 ) -> tuple[str | None, int]:
@@ -402,61 +417,116 @@ def decode_fast(
     if pos + n != end:
         raise Unusual
     done = start  # with crc: the payload bytes before this offset are in it
+    names = _NAMES
     while pos < end:
         if buf[pos] != 0x0A:  # Features.feature (a map entry)
             raise Unusual
         n = buf[pos + 1]
         if n < 0x80:
-            pos += 2
-        else:
-            n, pos = _varint_tail(buf, pos + 2, n)
+            pos = pos + 2
+        else:  # 2- and 3-byte varints (lengths below 2 MiB) inline
+            b = buf[pos + 2]
+            if b < 0x80:
+                n = (n & 0x7F) | b << 7
+                pos = pos + 3
+            else:
+                c = buf[pos + 3]
+                if c < 0x80:
+                    n = (n & 0x7F) | (b & 0x7F) << 7 | c << 14
+                    pos = pos + 4
+                else:
+                    n, pos = _read_varint(buf, pos + 1)
         entry_end = pos + n
         n = buf[pos + 1]  # entry.key, one length byte
         if entry_end > end or buf[pos] != 0x0A or n >= 0x80 or pos + n + 2 >= entry_end:
             raise Unusual
         pos += 2
-        name = buf[pos : pos + n].decode("utf-8")
+        raw = buf[pos : pos + n]
         pos += n
+        name_role = names.get(raw)
+        if name_role is None:
+            name_role = _name_role(raw)
         if buf[pos] != 0x12:  # entry.value (Feature)
             raise Unusual
         n = buf[pos + 1]
         if n < 0x80:
-            pos += 2
-        else:
-            n, pos = _varint_tail(buf, pos + 2, n)
+            pos = pos + 2
+        else:  # 2- and 3-byte varints (lengths below 2 MiB) inline
+            b = buf[pos + 2]
+            if b < 0x80:
+                n = (n & 0x7F) | b << 7
+                pos = pos + 3
+            else:
+                c = buf[pos + 3]
+                if c < 0x80:
+                    n = (n & 0x7F) | (b & 0x7F) << 7 | c << 14
+                    pos = pos + 4
+                else:
+                    n, pos = _read_varint(buf, pos + 1)
         if pos + n != entry_end or n < 3:
             raise Unusual
         kind = buf[pos]  # Feature.<kind> tag
         n = buf[pos + 1]
         if n < 0x80:
-            pos += 2
-        else:
-            n, pos = _varint_tail(buf, pos + 2, n)
+            pos = pos + 2
+        else:  # 2- and 3-byte varints (lengths below 2 MiB) inline
+            b = buf[pos + 2]
+            if b < 0x80:
+                n = (n & 0x7F) | b << 7
+                pos = pos + 3
+            else:
+                c = buf[pos + 3]
+                if c < 0x80:
+                    n = (n & 0x7F) | (b & 0x7F) << 7 | c << 14
+                    pos = pos + 4
+                else:
+                    n, pos = _read_varint(buf, pos + 1)
         if pos + n != entry_end or n < 2 or buf[pos] != 0x0A:  # <Kind>List.value
             raise Unusual
         n = buf[pos + 1]
         if n < 0x80:
-            pos += 2
-        else:
-            n, pos = _varint_tail(buf, pos + 2, n)
+            pos = pos + 2
+        else:  # 2- and 3-byte varints (lengths below 2 MiB) inline
+            b = buf[pos + 2]
+            if b < 0x80:
+                n = (n & 0x7F) | b << 7
+                pos = pos + 3
+            else:
+                c = buf[pos + 3]
+                if c < 0x80:
+                    n = (n & 0x7F) | (b & 0x7F) << 7 | c << 14
+                    pos = pos + 4
+                else:
+                    n, pos = _read_varint(buf, pos + 1)
         if pos + n != entry_end:
             raise Unusual
+        name, role = name_role
         if kind == 0x0A:  # bytes_list of one value
-            if name == KEY_FEATURE:
-                key = buf[pos:entry_end].decode("utf-8")
-            elif name[:2] != "__":
+            if role == _FIELD:
                 value = buf[pos:entry_end]
                 if crc is not None and n >= _PIECE_MIN:  # checksum the copy, not the source
                     crc = crc32c_extend(crc32c_extend(crc, buf[done:pos]), value)
                     done = entry_end
                 into[name] = value
-        elif kind == 0x1A:  # int64_list, packed, of one value
+            elif role == _KEY:
+                key = buf[pos:entry_end].decode("utf-8")
+        elif kind == 0x1A and role == _FIELD:  # int64_list, packed, of one value
             n = buf[pos]
             if n < 0x80:
-                pos += 1
-            else:
-                n, pos = _varint_tail(buf, pos + 1, n)
-            if pos != entry_end or name[:2] == "__":
+                pos = pos + 1
+            else:  # 2- and 3-byte varints (lengths below 2 MiB) inline
+                b = buf[pos + 1]
+                if b < 0x80:
+                    n = (n & 0x7F) | b << 7
+                    pos = pos + 2
+                else:
+                    c = buf[pos + 2]
+                    if c < 0x80:
+                        n = (n & 0x7F) | (b & 0x7F) << 7 | c << 14
+                        pos = pos + 3
+                    else:
+                        n, pos = _read_varint(buf, pos)
+            if pos != entry_end:
                 raise Unusual
             into[name] = _int_field(name, n - (1 << 64) if n > _I64_MAX else n)
         else:
