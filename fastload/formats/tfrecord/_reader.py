@@ -84,7 +84,12 @@ def _local_file(store: Store, key: str) -> str | None:
 
 
 def _map_file(path: str, *, sequential: bool) -> mmap.mmap | bytes | None:
-    """``path`` mapped read-only (``b""`` when empty), or ``None`` if it cannot be mapped."""
+    """``path`` mapped read-only (``b""`` when empty), or ``None`` if it cannot be mapped.
+
+    ``sequential`` asks the kernel to read ahead further and drop pages behind sooner (for
+    iteration); otherwise the default read-ahead stays, which suits records of many pages read
+    in any order (``MADV_RANDOM`` would fetch a cold record one page per fault).
+    """
     try:
         fd = os.open(path, _O_RDONLY)
     except OSError:
@@ -97,9 +102,8 @@ def _map_file(path: str, *, sequential: bool) -> mmap.mmap | bytes | None:
         return None  # e.g. a filesystem without mmap support: stream it instead
     finally:
         os.close(fd)  # the mapping keeps the file
-    advice = getattr(mmap, "MADV_SEQUENTIAL" if sequential else "MADV_RANDOM", None)
-    if advice is not None and hasattr(view, "madvise"):
-        view.madvise(advice)
+    if sequential and hasattr(mmap, "MADV_SEQUENTIAL") and hasattr(view, "madvise"):
+        view.madvise(mmap.MADV_SEQUENTIAL)
     return view
 
 
@@ -124,15 +128,23 @@ class TFRecordReader(ShardReader):
     skipped under ``on_error="skip"`` keep their positions). Examples without a ``__key__``
     feature (written by other tools) get the key ``<shard key without extension>/<position:08d>``.
 
-    Streaming (iteration) reads the shard sequentially through ``store.open_reader`` and never
-    holds more than one record. With an index (``key + ".idx"`` or ``index_key``), :meth:`__len__`,
-    :meth:`read` (one ranged get) and :meth:`iter_from` (seeks) work too. gzip- and
-    zlib-compressed files (TensorFlow's ``compression_type="GZIP"``/``"ZLIB"``) stream through
-    a decompressor; they have no random access, and byte offsets in their errors are offsets in
-    the decompressed stream.
+    A shard that is a local file (``store.has_local_paths``) is memory-mapped read-only: each
+    value is copied once, from the page cache into the ``bytes`` of the sample, and the payload
+    CRC is computed over those copies (no system call per record, no copy of whole payloads).
+    Any other shard is streamed through ``store.open_reader``, never downloaded whole, holding
+    one record at a time. A mapped shard must not be truncated in place while it is read
+    (touching a page past the new end raises ``SIGBUS``, which ends the process); replacing it
+    atomically, as fastload's writers and stores do, is safe.
+
+    With an index (``key + ".idx"`` or ``index_key``), :meth:`__len__`, :meth:`read` (a slice of
+    the map for local shards, else one ranged get) and :meth:`iter_from` (seeks) work too. gzip-
+    and zlib-compressed files (TensorFlow's ``compression_type="GZIP"``/``"ZLIB"``) stream
+    through a decompressor, local or not; they have no random access, and byte offsets in their
+    errors are offsets in the decompressed stream.
 
     A reader is used by one thread at a time; it opens nothing until used, so it pickles and can
-    be created before forking.
+    be created before forking (the pickle holds no map or index; each process maps the shard
+    itself). :meth:`close` unmaps what :meth:`read` mapped; iteration unmaps at its end.
 
     Args:
         store: Where the shard is.
@@ -145,7 +157,8 @@ class TFRecordReader(ShardReader):
             corruption then surfaces as undecodable Examples, or not at all).
         compression: ``"auto"`` (default: detect gzip/zlib from the first bytes), ``None``,
             ``"gzip"`` or ``"zlib"``.
-        chunk_size: Read-ahead of the underlying store stream, in bytes (0: the store's default).
+        chunk_size: Read-ahead of the underlying store stream, in bytes (0: the store's
+            default); not used for mapped local shards.
     """
 
     supports_random_access: ClassVar[bool] = True
