@@ -2,7 +2,9 @@
 
 Two workloads, 2 loader workers each (see issue 5 and /work/shared/BENCHMARKS.md):
 
-* **bytes**: raw JPEG bytes + integer label, batch 256, shuffled. Peers: a plain
+* **bytes**: raw JPEG bytes + integer label, batch 256, shuffled. fastload delivers the bytes as
+  its default :class:`~fastload.loader.PackedBytes` (one shared-memory buffer per batch);
+  ``fastload-list`` collates them into a list of ``bytes`` like the peers. Peers: a plain
   ``torch.utils.data.DataLoader`` over the loose files (the baseline), the webdataset library over
   the same tar shards fastload reads, litdata and mosaicml-streaming (optional, from
   ``.venv-bench``). Reference: the warm page-cache read bandwidth of the same shard bytes.
@@ -92,22 +94,13 @@ class FileTrain(FileBytes):
         return pil_train(data), label
 
 
-def pack_bytes(samples: list[tuple[bytes, int]]) -> tuple[Any, Any, Any]:
-    """Collate ``(bytes, label)`` samples into one uint8 tensor + offsets + labels.
-
-    Three tensors cross the process boundary in shared memory instead of 256 pickled ``bytes``
-    objects; sample ``i`` is ``data[offsets[i]:offsets[i + 1]]``.
-    """
+def bytes_as_list(samples: list[tuple[bytes, int]]) -> tuple[list[bytes], Any]:
+    """Collate ``(bytes, label)`` samples into a list of ``bytes`` + labels: what fastload's
+    default collation gave before byte fields became one :class:`~fastload.loader.PackedBytes`
+    buffer (each ``bytes`` object is then pickled through the worker's pipe, as with the peers)."""
     import torch
 
-    sizes = [len(s[0]) for s in samples]
-    offsets = torch.zeros(len(samples) + 1, dtype=torch.int64)
-    torch.cumsum(torch.tensor(sizes, dtype=torch.int64), 0, out=offsets[1:])
-    data = torch.empty(int(offsets[-1]), dtype=torch.uint8)
-    buf = data.numpy()
-    for (payload, _), start, size in zip(samples, offsets.tolist(), sizes):
-        buf[start : start + size] = np.frombuffer(payload, np.uint8)
-    return data, offsets, torch.tensor([s[1] for s in samples], dtype=torch.int64)
+    return [s[0] for s in samples], torch.tensor([s[1] for s in samples], dtype=torch.int64)
 
 
 def _wds_label(sample: dict[str, Any]) -> tuple[bytes, int]:
@@ -191,8 +184,8 @@ def child_fastload(cfg: dict[str, Any], workload: str, variant: str = "") -> dic
         ds = fl.open_dataset(
             cfg["wds"], seed=0, decode=Decoder(image="bytes"), fields=("jpg", "cls")
         )
-        if variant == "packed":
-            collate = pack_bytes
+        if variant == "list":
+            collate = bytes_as_list
     else:
         # The fused transform runs as the decoder: corrupt images then follow on_error.
         tf = ImageTrainTransform(normalize_on="sample" if variant == "float" else "batch")
@@ -638,8 +631,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("pagecache", {"kind": "pagecache", "cfg": b}),
             ("fastload", {"kind": "fastload", "workload": "bytes", "cfg": b}),
             (
-                "fastload-packed",
-                {"kind": "fastload", "workload": "bytes", "variant": "packed", "cfg": b},
+                "fastload-list",
+                {"kind": "fastload", "workload": "bytes", "variant": "list", "cfg": b},
             ),
             ("torch", {"kind": "torch", "workload": "bytes", "cfg": b}),
             ("webdataset", {"kind": "webdataset", "workload": "bytes", "cfg": b}),
