@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import multiprocessing
 import os
 import pickle
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +27,8 @@ from fastload.errors import (
     ReadOnlyStoreError,
 )
 from fastload.formats import get_format
-from fastload.formats.lmdb import LMDBReader, LMDBWriter, detect
+from fastload.formats.lmdb import LMDBReader, LMDBWriter, _writer, detect
+from fastload.formats.lmdb._layout import pack_value, value_parts
 from fastload.storage import LocalStore, MemoryStore, ObjectWriter, Store
 
 KEY = "ds/train-000000.lmdb"
@@ -98,7 +102,7 @@ def test_round_trip(
     else:
         store = MemoryStore("lmdb-round-trip")
         store.delete_many(store.list_keys())
-    writer = LMDBWriter(store, KEY, batch_bytes=100_000)
+    writer = LMDBWriter(store, KEY)
     for sample in samples:
         writer.write(sample)
     info = writer.close()
@@ -146,38 +150,167 @@ def test_empty_shard(store: Store) -> None:
         assert list(reader) == []
 
 
-def test_map_grows_beyond_a_tiny_initial_map_size(store: Store) -> None:
+def test_short_map_estimate_is_grown_and_rebuilt(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     samples = [{"__key__": f"s{i:04d}", "bin": os.urandom(20_000)} for i in range(300)]
     samples.append({"__key__": "huge", "bin": os.urandom(3 * 1024 * 1024)})  # > several maps
-    writer = LMDBWriter(store, KEY, map_size=64 * 1024, batch_bytes=256 * 1024)
-    for sample in samples:
-        writer.write(sample)
-    info = writer.close()
+    expected = _write(MemoryStore("lmdb-map-reference"), samples)
+    attempts: list[int] = []
+    real_open = _writer._open_env
+
+    def counting_open(path: str, map_size: int) -> Any:
+        attempts.append(map_size)
+        return real_open(path, map_size)
+
+    monkeypatch.setattr(_writer._PageCount, "bound", lambda self: 64 * 1024)
+    monkeypatch.setattr(_writer, "_open_env", counting_open)
+    info = _write(store, samples)
+    assert attempts == [64 * 1024 * 2**i for i in range(len(attempts))]
+    assert len(attempts) >= 7  # 64 KiB doubled until ~9 MB fit
     assert info.num_samples == 301
     with LMDBReader(store, KEY) as reader:
         got = list(reader)
     assert [s["bin"] for s in got] == [s["bin"] for s in samples]
+    assert store.list_keys() == [KEY]
+    # Only the recorded map size differs from a first-time build.
+    assert info.num_bytes == expected.num_bytes
 
 
-def test_same_input_same_settings_gives_identical_bytes(tmp_path: Path) -> None:
-    samples = [{"__key__": f"k{i}", "jpg": os.urandom(i * 997 % 9000)} for i in range(60)]
-    a, b, c = (LocalStore(tmp_path / n) for n in "abc")
-    _write(a, samples, batch_bytes=50_000)
-    _write(b, samples, batch_bytes=50_000)
-    _write(c, samples, batch_bytes=7_000)
-    assert a.get(KEY) == b.get(KEY)
-    # Other batching may change stale page tails, never the content.
-    assert [_fields(s) for s in LMDBReader(c, KEY)] == [_fields(s) for s in LMDBReader(a, KEY)]
+_DETERMINISM_SAMPLES = """
+import random
+rng = random.Random(7)
+samples = [{"__key__": f"k{(i * 7) % 60}", "jpg": rng.randbytes(i * 997 % 9000)} for i in range(60)]
+# Enough long keys for several levels of branch pages, which LMDB splits in halves.
+samples += [{"__key__": f"tiny{i:05d}" + "-" * 120, "cls": i} for i in range(3000)]
+"""
+
+_WRITE_IN_CHILD = """
+import sys
+from fastload.formats.lmdb import LMDBWriter
+from fastload.storage import LocalStore
+writer = LMDBWriter(LocalStore(sys.argv[1]), sys.argv[2])
+for sample in samples:
+    writer.write(sample)
+writer.close()
+"""
+
+
+def test_same_samples_give_identical_bytes_in_any_process_and_store(tmp_path: Path) -> None:
+    scope: dict[str, Any] = {}
+    exec(_DETERMINISM_SAMPLES, scope)
+    samples: list[dict[str, Any]] = scope["samples"]
+    a, b = LocalStore(tmp_path / "a"), MemoryStore("lmdb-determinism")
+    info_a, info_b = _write(a, samples), _write(b, samples)
+    # A fresh interpreter: another heap, other addresses, other hash seeds.
+    subprocess.run(
+        [sys.executable, "-c", _DETERMINISM_SAMPLES + _WRITE_IN_CHILD, str(tmp_path / "c"), KEY],
+        check=True,
+        timeout=120,
+        env={**os.environ, "PYTHONHASHSEED": "123"},
+    )
+    data = a.get(KEY)
+    assert data == b.get(KEY) == (tmp_path / "c" / KEY).read_bytes()
+    assert info_a.sha256 == info_b.sha256 == hashlib.sha256(data).hexdigest()
+    # Another insertion order is another shard (the positions differ), with the same samples.
+    c = MemoryStore("lmdb-determinism-reversed")
+    _write(c, samples[::-1])
+    assert c.get(KEY) != data
+    by_key = {s["__key__"]: _fields(s) for s in LMDBReader(a, KEY)}
+    assert {s["__key__"]: _fields(s) for s in LMDBReader(c, KEY)} == by_key
+
+
+def test_file_is_compact_with_the_meta_pages_the_readme_describes(tmp_path: Path) -> None:
+    samples = [
+        {"__key__": f"n{i % 7}/img_{i:05d}", "jpg": os.urandom(i * 131 % 7000)} for i in range(800)
+    ]
+    _write(LocalStore(tmp_path), samples)
+    path = tmp_path / KEY
+    raw = path.read_bytes()
+    psize = os.sysconf("SC_PAGE_SIZE")
+    metas = [struct.unpack_from("<QQ", raw, page * psize + 136) for page in (0, 1)]
+    assert [txnid for _, txnid in metas] == [0, 1]
+    last_pg = metas[1][0]
+    assert len(raw) == (last_pg + 1) * psize
+    env = lmdb.open(str(path), subdir=False, readonly=True, lock=False)
+    try:
+        stat = env.stat()
+        assert stat["entries"] == 1 + 2 * len(samples)
+        used = stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
+        assert used + 2 == last_pg + 1  # every page but the two meta pages is live: no free pages
+        assert env.info()["map_size"] >= len(raw)
+    finally:
+        env.close()
+    # Keys were appended in order, so leaf pages are full: the file is at most a few pages
+    # larger than the entries' node bytes.
+    pages = _writer._PageCount(psize)
+    pages.add(len(b"\x00fastload/meta"), 40, reserved=True)
+    for s in samples:
+        pages.add(len(s["__key__"].encode()), len(pack_value(_fields(s))))
+        pages.add(22, len(s["__key__"].encode()), reserved=True)
+    assert len(raw) <= pages.estimate() + 4 * psize
 
 
 def test_num_bytes_estimates_the_published_size(tmp_path: Path) -> None:
+    for size, count in ((30_000, 100), (40, 3000), (1500, 400)):
+        store = LocalStore(tmp_path / str(size))
+        writer = LMDBWriter(store, KEY)
+        for i in range(count):
+            writer.write({"__key__": f"k{i:05d}", "jpg": os.urandom(size), "cls": i})
+        estimate = writer.num_bytes
+        info = writer.close()
+        assert 0.98 * info.num_bytes <= estimate <= 1.02 * info.num_bytes, size
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    fields=st.dictionaries(
+        st.text(min_size=1, max_size=300),
+        st.one_of(st.binary(max_size=300), st.sampled_from([b"x" * 65_535, b"y" * 65_536])),
+        max_size=20,
+    )
+)
+def test_value_encoding_is_msgpacks(fields: dict[str, bytes]) -> None:
+    assert pack_value(fields) == msgpack.packb(fields, use_bin_type=True)
+    assert b"".join(value_parts(fields)) == pack_value(fields)
+
+
+def test_many_fields_round_trip(store: Store) -> None:
+    sample: dict[str, Any] = {"__key__": "wide"}
+    sample.update({f"f{i}.bin": bytes([i]) * (i * 40) for i in range(40)})  # msgpack map16
+    _write(store, [sample])
+    with LMDBReader(store, KEY) as reader:
+        got = reader.read(0)
+    assert list(_fields(got)) == list(_fields(sample))
+    assert _fields(got) == _fields(sample)
+
+
+def test_fsync_path_publishes(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)
-    writer = LMDBWriter(store, KEY, batch_bytes=1 << 20)
-    for i in range(100):
-        writer.write({"__key__": f"k{i:03d}", "jpg": os.urandom(30_000), "cls": i})
-    estimate = writer.num_bytes
-    info = writer.close()
-    assert 0.9 * info.num_bytes <= estimate <= 1.1 * info.num_bytes
+    samples = [{"__key__": f"k{i}", "bin": bytes([i]) * 5000} for i in range(10)]
+    info = _write(store, samples, fsync=True)
+    assert info.sha256 == hashlib.sha256(store.get(KEY)).hexdigest()
+    assert os.listdir(tmp_path / "ds") == ["train-000000.lmdb"]
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EOPNOTSUPP])
+def test_space_reservation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    def no_space(fd: int, offset: int, size: int) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    store = LocalStore(tmp_path)
+    writer = LMDBWriter(store, KEY)
+    writer.write({"__key__": "a", "bin": b"1" * 10_000})
+    if code == errno.ENOSPC:  # a full disk is an error before LMDB writes through its map
+        with pytest.raises(OSError, match="No space") as info:
+            writer.close()
+        assert any("LMDB shard" in note for note in getattr(info.value, "__notes__", []))
+        assert store.list_keys() == []
+        assert os.listdir(tmp_path / "ds") == []
+    else:  # a file system that cannot reserve space still gets its shard
+        writer.close()
+        assert LMDBReader(store, KEY).read(0)["bin"] == b"1" * 10_000
 
 
 def test_bad_samples_are_rejected(store: Store) -> None:
@@ -234,7 +367,7 @@ class _FailingUploadStore(MemoryStore):
 def test_failed_upload_publishes_nothing_and_does_not_hang() -> None:
     store = _FailingUploadStore("lmdb-failing-upload")
     writer = LMDBWriter(store, KEY)
-    for i in range(100):  # 20 MB, 3 blocks: the upload fails while LMDB is still copying
+    for i in range(100):  # 20 MB, 3 blocks: the upload fails after the first
         writer.write({"__key__": f"k{i}", "bin": os.urandom(200_000)})
     workdir = writer._workdir
     with pytest.raises(OSError, match="connection reset"):

@@ -14,6 +14,7 @@ import msgpack
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
+    "MAX_FIELD_BYTES",
     "META_KEY",
     "POSITION_PREFIX",
     "RESERVED_PREFIX",
@@ -21,6 +22,7 @@ __all__ = [
     "pack_meta",
     "pack_value",
     "position_key",
+    "value_parts",
 ]
 
 #: Every reserved key starts with these bytes. Sample keys never contain NUL, so they cannot collide.
@@ -52,11 +54,73 @@ def position_key(position: int) -> bytes:
     return POSITION_PREFIX + _POS.pack(position)
 
 
+def _str_header(size: int) -> bytes:
+    if size < 32:
+        return bytes((0xA0 | size,))
+    if size < 1 << 8:
+        return b"\xd9" + bytes((size,))
+    if size < 1 << 16:
+        return b"\xda" + size.to_bytes(2, "big")
+    return b"\xdb" + size.to_bytes(4, "big")
+
+
+def _bin_header(size: int) -> bytes:
+    if size < 1 << 8:
+        return b"\xc4" + bytes((size,))
+    if size < 1 << 16:
+        return b"\xc5" + size.to_bytes(2, "big")
+    return b"\xc6" + size.to_bytes(4, "big")
+
+
+def _map_header(size: int) -> bytes:
+    if size < 16:
+        return bytes((0x80 | size,))
+    if size < 1 << 16:
+        return b"\xde" + size.to_bytes(2, "big")
+    return b"\xdf" + size.to_bytes(4, "big")
+
+
+#: Largest field (and field count) msgpack can frame: its length prefixes are 32-bit.
+MAX_FIELD_BYTES = (1 << 32) - 1
+
+_NAME_CACHE: dict[str, bytes] = {}
+
+
+def value_parts(fields: dict[str, bytes]) -> list[bytes]:
+    """A sample's LMDB value as pieces whose concatenation is :func:`pack_value`'s result,
+    ``[header, data, header, data, ...]``: the field bytes are the caller's objects, not copies,
+    so the value can be written out with one gathering write.
+
+    The encoding is msgpack's smallest for each item, exactly what ``msgpack.packb(fields,
+    use_bin_type=True)`` produces.
+
+    Raises:
+        ValueError: A field name is not encodable as UTF-8, or a field is 4 GiB or larger.
+    """
+    parts: list[bytes] = []
+    header = _map_header(len(fields))
+    for name, data in fields.items():
+        packed_name = _NAME_CACHE.get(name)
+        if packed_name is None:
+            raw = name.encode("utf-8")
+            packed_name = _str_header(len(raw)) + raw
+            if len(_NAME_CACHE) < 4096:
+                _NAME_CACHE[name] = packed_name
+        size = len(data)
+        if size > MAX_FIELD_BYTES:
+            raise ValueError(f"field {name!r} is {size} bytes; msgpack frames at most 4 GiB - 1")
+        parts.append(header + packed_name + _bin_header(size))
+        parts.append(data)
+        header = b""
+    if not parts:
+        parts.append(header)
+    return parts
+
+
 def pack_value(fields: dict[str, bytes]) -> bytes:
     """A sample's LMDB value: msgpack map field name (str) → bytes (msgpack ``bin``), in the
     sample's field order."""
-    packed: bytes = msgpack.packb(fields, use_bin_type=True)
-    return packed
+    return b"".join(value_parts(fields))
 
 
 def pack_meta(num_samples: int) -> bytes:

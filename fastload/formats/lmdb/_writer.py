@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import mmap
 import os
 import shutil
 import tempfile
@@ -16,16 +18,29 @@ import lmdb
 from fastload.errors import FormatError, InvalidArgumentError, ReadOnlyStoreError
 from fastload.formats._base import ShardInfo, ShardWriter
 from fastload.formats._sample import encode_sample
-from fastload.formats.lmdb._layout import META_KEY, pack_meta, pack_value, position_key
+from fastload.formats.lmdb._layout import (
+    META_KEY,
+    POSITION_PREFIX,
+    pack_meta,
+    position_key,
+    value_parts,
+)
 from fastload.storage import LocalStore, Store, validate_key
 
 __all__ = ["LMDBWriter"]
 
 #: Name prefix of the writer's scratch directory; LocalStore never lists names with this prefix.
 _TMP_PREFIX = ".fastload-tmp-lmdb-"
+#: Block size when streaming the finished file to a store that is not a local directory.
 _COPY_CHUNK = 8 * 1024 * 1024
-#: Bytes LMDB spends per entry besides key and value (node header), and per page (header).
-_NODE_OVERHEAD = 16
+#: Values are gathered and written to the spill file when this many bytes (or pieces) are pending.
+_SPILL_BYTES = 1024 * 1024
+_SPILL_PIECES = 512
+#: LMDB page header, node header and node pointer sizes (64-bit builds).
+_PAGE_HEADER = 16
+_NODE_HEADER = 8
+_NODE_POINTER = 2
+_PGNO = 8
 
 
 def _local_target(store: Store, key: str) -> str | None:
@@ -36,12 +51,15 @@ def _local_target(store: Store, key: str) -> str | None:
     return None
 
 
-def _open_build_env(path: str, map_size: int) -> Any:
-    """The scratch environment, in LMDB 0.9's data format (version 1) whatever py-lmdb's default."""
+def _open_env(path: str, map_size: int) -> Any:
+    """A new environment at ``path`` in LMDB 0.9's data format (version 1), written through a
+    shared writable map (no dirty-page copies in memory) and never synced by LMDB (the writer
+    flushes the finished file itself)."""
     options: dict[str, Any] = dict(
         subdir=False,
         lock=False,
         map_size=map_size,
+        writemap=True,
         sync=False,
         metasync=False,
         readahead=False,
@@ -57,38 +75,125 @@ def _cleanup(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _write_all(fd: int, parts: list[bytes]) -> None:
+    """Write ``parts`` one after another at ``fd``'s position, with as few system calls as the
+    kernel allows (one gathering write, unless it is cut short)."""
+    written = os.writev(fd, parts)
+    if written == sum(len(p) for p in parts):
+        return
+    rest = memoryview(b"".join(parts))[written:]  # rare: a signal or a full disk cut it short
+    while rest:
+        rest = rest[os.write(fd, rest) :]
+
+
+class _Leaves:
+    """Leaf pages filled the way ``MDB_APPEND`` fills them: each node goes on the current page if
+    it fits, else on a new one."""
+
+    def __init__(self, usable: int) -> None:
+        self.usable = usable
+        self.pages = 0
+        self.free = 0  # bytes left on the current page
+        self.largest = 0  # largest node (with its pointer) seen
+
+    def add(self, node: int) -> None:
+        if node > self.free:
+            self.pages += 1
+            self.free = self.usable
+        self.free -= node
+        self.largest = max(self.largest, node)
+
+
+class _PageCount:
+    """Page arithmetic of an LMDB database whose entries are inserted in key order
+    (``MDB_APPEND``): LMDB fills each leaf page before starting the next, puts values too large
+    for a leaf on their own run of overflow pages, and indexes the leaves with branch pages.
+
+    Reserved entries are counted in their real order; samples in the order they were written,
+    which gives the same page count as key order up to how nodes of different sizes happen to
+    pack. Every query is O(1).
+    """
+
+    def __init__(self, psize: int) -> None:
+        self.psize = psize
+        self.usable = psize - _PAGE_HEADER
+        # LMDB 0.9 ``me_nodemax``: larger leaf nodes move their value to overflow pages.
+        self.node_max = ((self.usable // 2) & ~1) - _NODE_POINTER
+        self.overflow_pages = 0
+        self.reserved = _Leaves(self.usable)
+        self.samples = _Leaves(self.usable)
+        self.key_bytes = 0
+        self.entries = 0
+        self.longest_key = 0
+
+    def add(self, key_len: int, value_len: int, *, reserved: bool = False) -> None:
+        """Count one entry of a ``key_len``-byte key and a ``value_len``-byte value."""
+        node = _NODE_HEADER + key_len + value_len
+        if node > self.node_max:
+            self.overflow_pages += (_PAGE_HEADER - 1 + value_len) // self.psize + 1
+            node = _NODE_HEADER + key_len + _PGNO
+        (self.reserved if reserved else self.samples).add(((node + 1) & ~1) + _NODE_POINTER)
+        self.key_bytes += key_len
+        self.entries += 1
+        self.longest_key = max(self.longest_key, key_len)
+
+    def _branch_pages(self, leaves: int, node: int, fill: float) -> int:
+        """Branch pages above ``leaves`` leaf pages, for branch nodes of ``node`` bytes and
+        pages at least ``fill`` used."""
+        per_page = max(2, int(self.usable * fill) // node)
+        total, level = 0, leaves
+        while level > 1:
+            level = -(-level // per_page)
+            total += level
+        return total
+
+    def estimate(self) -> int:
+        """Expected file size in bytes: two meta pages, overflow pages, leaf and branch pages."""
+        leaves = self.reserved.pages + self.samples.pages
+        mean_key = self.key_bytes // max(1, self.entries)
+        node = ((_NODE_HEADER + mean_key + 1) & ~1) + _NODE_POINTER
+        return (2 + self.overflow_pages + leaves + self._branch_pages(leaves, node, 1.0)) * (
+            self.psize
+        )
+
+    def bound(self) -> int:
+        """A map size in bytes that the database surely fits in: another order of the samples
+        leaves every leaf page at least half full (no node is larger than half a page), so at
+        most twice the leaf bytes; branch pages at least half full with the longest key."""
+        leaves = self.reserved.pages + 2 * self.samples.pages + 2
+        node = ((_NODE_HEADER + self.longest_key + 1) & ~1) + _NODE_POINTER
+        pages = 2 + self.overflow_pages + leaves + self._branch_pages(leaves, node, 0.5) + 16
+        return pages * self.psize
+
+
 class LMDBWriter(ShardWriter):
     """Writes samples into one LMDB shard (see the package README for the layout).
 
-    Samples are collected in an LMDB environment in a scratch file (beside the final file for a
-    :class:`~fastload.storage.LocalStore`, else in the system temporary directory), committed in
-    batches. :meth:`close` writes the reserved keys, makes a compacted copy of the environment (only
-    live pages, no free list) and publishes it atomically: a ``rename`` for a local store, a streamed
-    upload through :meth:`~fastload.storage.Store.open_writer` otherwise. Nothing is visible under
-    ``key`` before :meth:`close` returns; :meth:`abort` (or garbage collection) removes the scratch
-    files.
+    :meth:`write` appends each sample's value (the msgpack map of its fields) to a spill file in a
+    scratch directory (beside the final file for a :class:`~fastload.storage.LocalStore`, else in
+    the system temporary directory) and keeps only keys and offsets in memory. :meth:`close`
+    builds the LMDB file in one write transaction, inserting the meta key, the position entries
+    and then the samples in key order with ``MDB_APPEND`` straight into the file's writable map:
+    full pages, no free pages, no copy. It then publishes the file atomically: a ``rename`` for a
+    local store, a streamed upload through :meth:`~fastload.storage.Store.open_writer` otherwise,
+    hashing it on the way. Nothing is visible under ``key`` before :meth:`close` returns;
+    :meth:`abort` (or garbage collection) removes the scratch files.
 
-    The map size grows by itself: when a batch does not fit, the environment's map is enlarged and
-    the batch retried, so callers never see ``MapFullError``.
+    Determinism: the same samples in the same order give byte-identical shards on machines with
+    the same page size: the file's bytes depend only on the entries and their order, never on
+    timing, the store or memory contents.
 
-    Determinism: the same samples written with the same ``map_size`` and ``batch_bytes`` on a
-    machine with the same page size give byte-identical shards. LMDB leaves the unused tails of
-    some pages holding stale bytes of this same shard, whose content depends on the batching, so
-    different batch settings may give different (equally valid) bytes.
-
-    A writer is used by one thread.
+    The scratch directory needs about twice the shard's size while :meth:`close` runs (the spill
+    file and the new file). A writer is used by one thread.
 
     Args:
         store: Where the shard goes.
         key: The shard's key, e.g. ``"train-000000.lmdb"``.
         index: Ignored: an LMDB shard is its own index, so no ``.idx`` object is written.
-        map_size: Initial LMDB map size in bytes (it grows by doubling as needed).
-        batch_bytes: Commit a write transaction after about this many bytes of values.
         fsync: For a local store, flush the shard to the device before renaming it into place;
             ``None`` (default) does what the store does for its own writes.
 
     Raises:
-        InvalidArgumentError: Non-positive ``map_size`` or ``batch_bytes``.
         ReadOnlyStoreError: The store does not accept writes.
     """
 
@@ -98,18 +203,11 @@ class LMDBWriter(ShardWriter):
         key: str,
         *,
         index: bool = True,
-        map_size: int = 64 * 1024 * 1024,
-        batch_bytes: int = 32 * 1024 * 1024,
         fsync: bool | None = None,
     ) -> None:
         super().__init__(store, key, index=False)
-        if map_size <= 0 or batch_bytes <= 0:
-            raise InvalidArgumentError(
-                f"map_size and batch_bytes must be positive, got {map_size} and {batch_bytes}"
-            )
         self.url = store.child_url(key)
         validate_key(key, url=store.url)
-        self._batch_bytes = batch_bytes
         if not store.supports_writes:
             raise ReadOnlyStoreError(
                 f"store {store.url} was opened read-only; cannot write {key!r}", url=self.url
@@ -125,14 +223,20 @@ class LMDBWriter(ShardWriter):
         else:
             self._workdir = tempfile.mkdtemp(prefix="fastload-lmdb-")
         self._finalizer = weakref.finalize(self, _cleanup, self._workdir)
-        self._env: Any = _open_build_env(os.path.join(self._workdir, "build.mdb"), map_size)
-        self._psize: int = self._env.stat()["psize"]
-        self._max_key: int = self._env.max_key_size()
-        self._keys: set[bytes] = set()
-        self._pending: list[tuple[bytes, bytes]] = []
+        self._spill_fd = os.open(
+            os.path.join(self._workdir, "values"),
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
+            0o600,
+        )
+        self._spill_size = 0  # bytes of values so far, written or pending
+        self._pending: list[bytes] = []
         self._pending_bytes = 0
-        self._flushed = 0  # samples committed to the scratch environment
-        self._committed_bytes: int = 2 * self._psize  # the two meta pages
+        self._psize = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+        self._max_key = 511  # LMDB's default MDB_MAXKEYSIZE
+        self._keys: set[bytes] = set()
+        self._entries: list[tuple[bytes, int, int]] = []  # (key, offset, length), insertion order
+        self._pages = _PageCount(self._psize)
+        self._pages.add(len(META_KEY), len(pack_meta(0)) + 8, reserved=True)
         self._closed = False
 
     # ---- writing ------------------------------------------------------------------------------
@@ -141,8 +245,10 @@ class LMDBWriter(ShardWriter):
         """Append one sample; see :class:`~fastload.formats.ShardWriter`.
 
         Raises:
-            InvalidArgumentError: No valid ``__key__``, a field that cannot be encoded, a key longer
-                than LMDB allows (511 UTF-8 bytes), or a key already written to this shard.
+            InvalidArgumentError: No valid ``__key__``, a field that cannot be encoded (or is
+                4 GiB or larger), a key longer than LMDB allows (511 UTF-8 bytes), or a key
+                already written to this shard.
+            OSError: The spill file cannot be written (e.g. the disk is full).
         """
         if self._closed:
             raise InvalidArgumentError(f"write to a closed LMDB shard writer ({self.url})")
@@ -159,89 +265,61 @@ class LMDBWriter(ShardWriter):
                 f"sample key {key!r} was already written to {self.url}; keys in one LMDB shard "
                 "must be unique"
             )
-        value = pack_value(encoded)
+        try:
+            parts = value_parts(encoded)
+        except ValueError as exc:
+            raise InvalidArgumentError(f"cannot store sample {key!r} in {self.url}: {exc}") from exc
+        length = sum(len(p) for p in parts)
         self._keys.add(kbytes)
-        self._pending.append((kbytes, value))
-        self._pending_bytes += len(kbytes) + len(value)
+        self._entries.append((kbytes, self._spill_size, length))
+        self._spill_size += length
+        self._pending += parts
+        self._pending_bytes += length
+        self._pages.add(len(kbytes), length)
+        self._pages.add(len(POSITION_PREFIX) + 8, len(kbytes), reserved=True)
         self._count_fields(sample)
-        if self._pending_bytes >= self._batch_bytes:
-            self._flush()
+        if self._pending_bytes >= _SPILL_BYTES or len(self._pending) >= _SPILL_PIECES:
+            self._drain()
 
-    def _entry_bytes(self, key: bytes, value: bytes) -> int:
-        """Approximate bytes an uncommitted entry and its position entry add to the shard."""
-        psize = self._psize
-        position_entry = len(position_key(0)) + len(key) + _NODE_OVERHEAD
-        if len(key) + len(value) + _NODE_OVERHEAD > psize // 2:  # LMDB puts it on overflow pages
-            pages = -(-(len(value) + _NODE_OVERHEAD) // psize)
-            return pages * psize + len(key) + _NODE_OVERHEAD + 8 + position_entry
-        return len(key) + len(value) + _NODE_OVERHEAD + position_entry
-
-    def _flush(self) -> None:
-        if not self._pending:
-            return
-        while True:
-            try:
-                with self._env.begin(write=True) as txn:
-                    for i, (kbytes, value) in enumerate(self._pending, start=self._flushed):
-                        txn.put(kbytes, value)
-                        txn.put(position_key(i), kbytes)
-                break
-            except lmdb.MapFullError:
-                self._grow(self._pending_bytes)
-            except lmdb.Error as exc:
-                raise FormatError(
-                    f"LMDB failed while building shard {self.url} in {self._workdir}: {exc}",
-                    url=self.url,
-                ) from exc
-        self._committed_bytes = self._used_bytes()
-        self._flushed += len(self._pending)
-        self._pending = []
-        self._pending_bytes = 0
-
-    def _grow(self, need: int) -> None:
-        current: int = self._env.info()["map_size"]
-        self._env.set_mapsize(max(2 * current, current + 2 * need))
-
-    def _used_bytes(self) -> int:
-        stat = self._env.stat()
-        pages: int = stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
-        return (pages + 2) * self._psize
+    def _drain(self) -> None:
+        """Write the pending values to the spill file."""
+        if self._pending:
+            _write_all(self._spill_fd, self._pending)
+            self._pending = []
+            self._pending_bytes = 0
 
     @property
     def num_bytes(self) -> int:
-        """Approximate size of the shard so far, in bytes: the pages committed to the scratch
-        environment plus an estimate for samples not yet committed."""
-        return self._committed_bytes + sum(self._entry_bytes(k, v) for k, v in self._pending)
+        """Expected size of the shard so far, in bytes (LMDB's page arithmetic for the samples
+        written; typically within 1 % of the published size). O(1)."""
+        return self._pages.estimate()
 
     # ---- finishing ----------------------------------------------------------------------------
 
     def close(self) -> ShardInfo:
-        """Commit the shard and publish it atomically; return its :class:`ShardInfo`.
+        """Build the shard, publish it atomically and return its :class:`ShardInfo`.
 
         ``index_key`` is ``None``: the shard is its own index. On failure nothing is published and
         the scratch files are removed.
+
+        Raises:
+            FormatError: LMDB failed while building the file.
+            OSError: Writing the file or publishing it failed (e.g. the disk is full).
         """
         if self._closed:
             raise InvalidArgumentError(f"LMDB shard writer for {self.url} is already closed")
         try:
-            self._flush()
-            meta = pack_meta(self._flushed)
-            while True:
-                try:
-                    with self._env.begin(write=True) as txn:
-                        txn.put(META_KEY, meta)
-                    break
-                except lmdb.MapFullError:
-                    self._grow(len(meta) + self._psize)
-            # The compacted copy records the map size in its meta pages: make it a function of
-            # the data alone (LMDB raises a too-small size to the minimum it needs).
-            self._env.set_mapsize(self._psize)
-            info = self._publish()
-            self._env.close()
+            self._drain()
+            os.close(self._spill_fd)
+            self._spill_fd = -1
+            path = os.path.join(self._workdir, "shard.lmdb")
+            self._build(path)
+            info = self._publish(path)
         except lmdb.Error as exc:
             self.abort()
             raise FormatError(
-                f"LMDB failed while finishing shard {self.url}: {exc}", url=self.url
+                f"LMDB failed while building shard {self.url} in {self._workdir}: {exc}",
+                url=self.url,
             ) from exc
         except BaseException:
             self.abort()
@@ -250,80 +328,114 @@ class LMDBWriter(ShardWriter):
         self._finalizer()
         return info
 
-    def _publish(self) -> ShardInfo:
-        """Stream a compacted copy of the scratch environment to its destination, hashing it on
-        the way: a temporary file renamed over the target for a local store, else the store's
-        streamed writer. Large sequential writes also leave the page cache in large folios, which
-        later plain reads of the file are measurably faster on."""
+    def _build(self, path: str) -> None:
+        """Write the LMDB file at ``path``: one transaction, every key in order, with a map size
+        computed from the entries (grown and rebuilt in the unexpected case that it is short)."""
+        map_size = self._pages.bound()
+        spill_path = os.path.join(self._workdir, "values")
+        with open(spill_path, "rb") as spill_file:
+            spill = (
+                mmap.mmap(spill_file.fileno(), 0, access=mmap.ACCESS_READ)
+                if self._spill_size
+                else None
+            )
+            values = memoryview(spill if spill is not None else b"")
+            try:
+                while not self._build_once(path, map_size, values):
+                    map_size *= 2
+            finally:
+                values.release()
+                if spill is not None:
+                    spill.close()
+        os.unlink(spill_path)
+
+    def _build_once(self, path: str, map_size: int, values: memoryview) -> bool:
+        """One attempt at :meth:`_build`; False when the map was too small (nothing is left)."""
+        if os.path.exists(path):
+            os.unlink(path)
+        env = _open_env(path, map_size)
+        try:
+            self._reserve(path, env.info()["map_size"])
+            with env.begin(write=True) as txn:
+                cursor = txn.cursor()
+                expected = 1 + 2 * len(self._entries)
+                _, added = cursor.putmulti(self._items(values), append=True)
+                cursor.close()
+                if added != expected:  # pragma: no cover - keys are unique and sorted
+                    raise FormatError(
+                        f"LMDB stored {added} of {expected} entries of shard {self.url}",
+                        url=self.url,
+                    )
+            last_page: int = env.info()["last_pgno"]
+            psize: int = env.stat()["psize"]
+        except lmdb.MapFullError:
+            last_page = -1
+            psize = 0
+        finally:
+            env.close()
+        if last_page < 0:
+            os.unlink(path)
+            return False
+        # LMDB sized the file to the whole map; the data ends at the last page.
+        os.truncate(path, (last_page + 1) * psize)
+        return True
+
+    def _items(self, values: memoryview) -> Iterator[tuple[bytes, Any]]:
+        """Every entry in ascending key order: the meta key (``b"\\x00fastload/m…"``), the
+        position entries (``b"\\x00fastload/p…"`` + big-endian position), then the samples
+        (which never start with NUL)."""
+        yield META_KEY, pack_meta(len(self._entries))
+        for position, (kbytes, _, _) in enumerate(self._entries):
+            yield position_key(position), kbytes
+        for kbytes, offset, length in sorted(self._entries):
+            value = values[offset : offset + length]
+            yield kbytes, value
+            value.release()
+
+    def _reserve(self, path: str, size: int) -> None:
+        """Allocate the file's blocks up front, so that a full disk is an ``OSError`` here
+        rather than a ``SIGBUS`` while LMDB writes through its map."""
+        if not hasattr(os, "posix_fallocate"):
+            return
+        fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as exc:
+            if exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                return  # the file system cannot reserve space; LMDB's writes still work
+            exc.add_note(f"while reserving {size} bytes for LMDB shard {self.url} at {path}")
+            raise
+        finally:
+            os.close(fd)
+
+    def _publish(self, path: str) -> ShardInfo:
+        """Hash the finished file and move it to its destination: a rename over the target for a
+        local store (flushed to the device meanwhile, if asked), else the store's streamed
+        writer."""
         sha = hashlib.sha256()
-        size = 0
-        if self._target is not None:
-            tmp = os.path.join(self._workdir, "shard.lmdb")
-            with open(tmp, "xb", buffering=0) as out:
-                for block in self._compacted_blocks():
-                    sha.update(block)
-                    size += len(block)
-                    out.write(block)
+        with open(path, "rb") as src:
+            size = os.fstat(src.fileno()).st_size
+            flush = _Flush(src.fileno()) if self._target is not None and self._fsync else None
+            try:
+                if self._target is not None:
+                    _hash_mapped(sha, src.fileno(), size)
+                else:
+                    _upload(src, self.store, self.key, sha)
+            finally:
+                if flush is not None:
+                    flush.wait()
+            if self._target is not None:
+                os.replace(path, self._target)
                 if self._fsync:
-                    os.fsync(out.fileno())
-            os.replace(tmp, self._target)
-            if self._fsync:
-                _fsync_dir(os.path.dirname(self._target))
-        else:
-            with self.store.open_writer(self.key) as writer:
-                for block in self._compacted_blocks():
-                    sha.update(block)
-                    size += len(block)
-                    writer.write(block)
+                    _fsync_dir(os.path.dirname(self._target))
         return ShardInfo(
             key=self.key,
-            num_samples=self._flushed,
+            num_samples=len(self._entries),
             num_bytes=size,
             sha256=sha.hexdigest(),
             index_key=None,
             fields=dict(self.fields),
         )
-
-    def _compacted_blocks(self) -> Iterator[memoryview]:
-        """The bytes of LMDB's compacted copy (``mdb_env_copyfd2`` with ``MDB_CP_COMPACT``), in
-        blocks of :data:`_COPY_CHUNK` (the last may be shorter). LMDB writes into a pipe from a
-        helper thread (py-lmdb releases the GIL meanwhile); each block is valid until the next."""
-        read_fd, write_fd = os.pipe()
-        errors: list[BaseException] = []
-
-        def copy() -> None:
-            try:
-                self._env.copyfd(write_fd, compact=True)
-            except BaseException as exc:  # re-raised in the caller's thread
-                errors.append(exc)
-            finally:
-                os.close(write_fd)
-
-        thread = threading.Thread(target=copy, name="fastload-lmdb-copy", daemon=True)
-        buf = bytearray(_COPY_CHUNK)
-        view = memoryview(buf)
-        try:
-            with open(read_fd, "rb", buffering=0) as pipe:
-                thread.start()
-                while True:
-                    filled = 0
-                    while filled < len(buf):
-                        n = pipe.readinto(view[filled:])
-                        if not n:
-                            break
-                        filled += n
-                    if filled:
-                        yield view[:filled]
-                    if filled < len(buf):
-                        break
-        finally:
-            # Closing the read end (above) makes a still-writing LMDB fail with EPIPE and return.
-            if thread.ident is not None:
-                thread.join()
-            else:
-                os.close(write_fd)
-        if errors:
-            raise errors[0]
 
     def abort(self) -> None:
         """Discard the shard and its scratch files; nothing becomes visible. Idempotent."""
@@ -332,9 +444,58 @@ class LMDBWriter(ShardWriter):
         self._closed = True
         self._pending = []
         try:
-            self._env.close()
+            if self._spill_fd >= 0:
+                os.close(self._spill_fd)
+                self._spill_fd = -1
         finally:
             self._finalizer()
+
+
+def _hash_mapped(sha: Any, fd: int, size: int) -> None:
+    """Feed the file's first ``size`` bytes to ``sha`` through a memory map (no copy)."""
+    if not size:
+        return
+    with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as data:
+        data.madvise(mmap.MADV_SEQUENTIAL)
+        with memoryview(data) as view:
+            sha.update(view)
+
+
+def _upload(src: Any, store: Store, key: str, sha: Any) -> None:
+    """Stream ``src`` to ``store`` under ``key`` in blocks, feeding ``sha`` on the way."""
+    buf = bytearray(_COPY_CHUNK)
+    view = memoryview(buf)
+    with store.open_writer(key) as writer:
+        while True:
+            n = src.readinto(buf)
+            if not n:
+                break
+            sha.update(view[:n])
+            writer.write(view[:n])
+
+
+class _Flush:
+    """``fsync`` of a file descriptor in a helper thread (the call releases the GIL), so that the
+    device write overlaps the caller's hashing; :meth:`wait` re-raises its error."""
+
+    def __init__(self, fd: int) -> None:
+        self._error: OSError | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(fd,), name="fastload-lmdb-fsync", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, fd: int) -> None:
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            self._error = exc
+
+    def wait(self) -> None:
+        """Block until the flush is done; raise its ``OSError``, if any."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 def _fsync_dir(path: str) -> None:
