@@ -20,7 +20,7 @@
 #
 # Usage:  tools/bench-env.sh [--no-ffcv] [--force]
 #           --no-ffcv   skip FFCV (and its apt packages / C++ build); bench_ffcv then reports a skip
-#           --force     re-run every install step even when the stamp says the venv is complete
+#           --force     reinstall every pinned package (FFCV too), whatever the stamp says
 # Env:    BENCH_VENV=path     where to build (default: <repo>/.venv-bench; the benchmarks look there)
 #         MAIN_VENV=path      the venv whose site-packages are shared (default: <repo>/.venv)
 #         PYTHON=python3.11   interpreter for a new venv (default: the main venv's base interpreter)
@@ -52,7 +52,7 @@ for arg in "$@"; do
   case "$arg" in
     --no-ffcv) with_ffcv=0 ;;
     --force) force=1 ;;
-    -h | --help) sed -n '2,34p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,33p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench-env.sh: unknown argument $arg (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -215,8 +215,12 @@ step "write torchvision/transformers stand-ins" write_stubs
 
 pip_install() { # pip_install PKG...: --no-deps so nothing can replace torch or numpy
   # shellcheck disable=SC2086
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps ${PIP_ARGS:-} "$@"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps $reinstall \
+    ${PIP_ARGS:-} "$@"
 }
+reinstall=""
+if [[ $force == 1 ]]; then reinstall="--force-reinstall"; fi
+
 step "pip install litdata + deps (--no-deps)" pip_install "${LITDATA_PKGS[@]}"
 step "pip install mosaicml-streaming + deps (--no-deps)" pip_install "${STREAMING_PKGS[@]}"
 if [[ $with_ffcv == 1 ]]; then
@@ -226,6 +230,9 @@ if [[ $with_ffcv == 1 ]]; then
     "$venv/bin/python" -c 'import ffcv._libffcv' 2>/dev/null; then
     say "$FFCV_SDIST already built"
   else
+    inc="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+    [[ -f "$inc/Python.h" ]] ||
+      die "building FFCV needs Python.h, not found in $inc: install python$bench_pyver-dev (Debian) or use a python built with its headers"
     # setup.py only needs setuptools and a C++ compiler; no build isolation, so the build sees the
     # same interpreter and nothing is downloaded besides the sdist.
     step "build $FFCV_SDIST from source (C++ extension against OpenCV + libturbojpeg)" \
