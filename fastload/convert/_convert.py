@@ -32,8 +32,14 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import (
+    FIRST_COMPLETED,
+    Future,
+    ProcessPoolExecutor,
+    ThreadPoolExecutor,
+    wait,
+)
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -57,7 +63,7 @@ from fastload.errors import (
     WorkerError,
 )
 from fastload.formats import MANIFEST_NAME, Format, Manifest, ShardEntry, ShardInfo, get_format
-from fastload.formats._base import FORMATS
+from fastload.formats._base import FORMATS, ShardWriter
 from fastload.formats._sample import KEY
 from fastload.formats.manifest import read_manifest, write_manifest
 from fastload.storage import MemoryStore, Store, open_store
@@ -249,19 +255,33 @@ class _Counters:
 
 
 _COUNTERS = _Counters()
+#: In a worker process: the queue of pickled shard jobs (``None`` ends it) and the stop flag.
+_JOBS: Any = None
+_STOP: Any = None
 
 
-def _init_worker(samples: Any, nbytes: Any) -> None:
-    global _COUNTERS
+def _init_worker(samples: Any, nbytes: Any, jobs: Any, stop: Any) -> None:
+    global _COUNTERS, _JOBS, _STOP
     _COUNTERS = _Counters(samples, nbytes)
+    _JOBS, _STOP = jobs, stop
 
 
 def _done_key(name: str) -> str:
     return f"{DONE_PREFIX}{name}.json"
 
 
-def _write_shard(job: _ShardJob) -> dict[str, Any]:
-    """Write one planned shard, then its done record; returns the record. Runs in a worker."""
+@dataclass
+class _Written:
+    """A shard whose samples are all written, waiting for :func:`_commit_shard`."""
+
+    job: _ShardJob
+    writer: ShardWriter
+    skipped: list[dict[str, Any]]
+    dropped: int
+
+
+def _write_samples(job: _ShardJob) -> _Written:
+    """Write the samples of one planned shard; the writer is left open (not committed)."""
     fmt = get_format(job.format_name)
     map_fn = _resolve_map(job.map_spec)
     name = job.shard.name
@@ -320,14 +340,24 @@ def _write_shard(job: _ShardJob) -> dict[str, Any]:
             if pending_samples >= 64:
                 _COUNTERS.add(pending_samples, pending_bytes)
                 pending_samples = pending_bytes = 0
-        info = writer.close()
     except BaseException:
         writer.abort()
         raise
     _COUNTERS.add(pending_samples, pending_bytes)
+    return _Written(job, writer, skipped, dropped)
+
+
+def _commit_shard(written: _Written) -> dict[str, Any]:
+    """Commit a written shard (then its index), then put its done record; return the record."""
+    job = written.job
+    try:
+        info = written.writer.close()
+    except BaseException:
+        written.writer.abort()
+        raise
     record = {
         "plan_sha256": job.plan_sha256,
-        "shard": name,
+        "shard": job.shard.name,
         "info": {
             "key": info.key,
             "num_samples": info.num_samples,
@@ -336,11 +366,59 @@ def _write_shard(job: _ShardJob) -> dict[str, Any]:
             "index_key": info.index_key,
             "fields": dict(sorted(info.fields.items())),
         },
-        "skipped": skipped,
-        "dropped": dropped,
+        "skipped": written.skipped,
+        "dropped": written.dropped,
     }
-    job.dst.put(_done_key(name), _json_bytes(record))
+    job.dst.put(_done_key(job.shard.name), _json_bytes(record))
     return record
+
+
+def _write_shards(
+    jobs: Iterator[_ShardJob], on_written: Callable[[], None] | None = None
+) -> list[dict[str, Any]]:
+    """Write the shards of ``jobs`` in order; return their done records.
+
+    A helper thread commits each shard (the store's commit: fsync and rename for local files; then
+    the index and the done record) while the samples of the next shard are written, so the wait
+    for the disk overlaps with work. At most one shard is committing at a time. On an error the
+    shard being written is aborted, the one committing is finished, and the error is raised.
+    """
+    records: list[dict[str, Any]] = []
+    pending: Future[dict[str, Any]] | None = None
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastload-commit") as committer:
+        for job in jobs:
+            written = _write_samples(job)
+            if on_written is not None:
+                on_written()
+            if pending is not None:
+                try:
+                    records.append(pending.result())
+                except BaseException:
+                    written.writer.abort()
+                    raise
+            pending = committer.submit(_commit_shard, written)
+        if pending is not None:
+            records.append(pending.result())
+    return records
+
+
+def _queued_jobs() -> Iterator[_ShardJob]:
+    """In a worker: jobs from the pool's queue until its end marker or the stop flag."""
+    while not _STOP.value:
+        data = _JOBS.get()
+        if data is None:
+            return
+        job: _ShardJob = pickle.loads(data)
+        yield job
+
+
+def _run_worker() -> list[dict[str, Any]]:
+    """A worker process's task: write shards from the queue until it is empty or stopped."""
+    try:
+        return _write_shards(_queued_jobs())
+    except BaseException:
+        _STOP.value = 1  # the conversion fails: other workers take no new shard
+        raise
 
 
 def _describe(exc: BaseException) -> str:
@@ -795,33 +873,45 @@ def _run_in_process(
     global _COUNTERS
     counters = _Counters()
     previous, _COUNTERS = _COUNTERS, counters
+
+    def on_written() -> None:
+        s, b = counters.totals()
+        progress.update(base_samples + s, base_bytes + b)
+
     try:
-        for job in jobs:
-            records[job.shard.name] = _write_shard(job)
-            s, b = counters.totals()
-            progress.update(base_samples + s, base_bytes + b)
+        for record in _write_shards(iter(jobs), on_written):
+            records[record["shard"]] = record
     finally:
         _COUNTERS = previous
 
 
 class _Pool:
     """Worker processes for shard jobs (see :func:`_pool_context` for the start method; a
-    forkserver preloads the conversion and format writer modules). Forked workers start with
-    the parent's objects frozen (``gc.freeze``), so their garbage collector does not touch, and
-    so copy, the parent's heap (e.g. the plan)."""
+    forkserver preloads the conversion and format writer modules).
+
+    Each worker runs one long task, :func:`_run_worker`, which takes pickled jobs from a shared
+    queue in plan order (so faster workers take more shards) and commits each shard while it writes
+    the next. Forked workers start with the parent's objects frozen (``gc.freeze``), so their
+    garbage collector does not touch, and so copy, the parent's heap (e.g. the plan).
+    """
 
     def __init__(self, n_workers: int, fmt: Format) -> None:
         ctx = _pool_context()
         if ctx.get_start_method() == "forkserver":
             # Only takes effect if this process's forkserver is not running yet.
             ctx.set_forkserver_preload([__name__, fmt.writer.__module__])
+        self.n_workers = n_workers
         self.samples, self.nbytes = ctx.Value("q", 0), ctx.Value("q", 0)
         self.counters = _Counters(self.samples, self.nbytes)
+        self.jobs: Any = ctx.Queue()
+        # Jobs left in the queue when the workers stop are dropped, not waited for.
+        self.jobs.cancel_join_thread()
+        self.stop: Any = ctx.Value("b", 0)
         self.executor = ProcessPoolExecutor(
             max_workers=n_workers,
             mp_context=ctx,
             initializer=_init_worker,
-            initargs=(self.samples, self.nbytes),
+            initargs=(self.samples, self.nbytes, self.jobs, self.stop),
         )
         forking = ctx.get_start_method() == "fork"
         if forking:
@@ -834,8 +924,10 @@ class _Pool:
                 gc.unfreeze()
 
     def shutdown(self) -> None:
-        """Cancel jobs not started, wait for running ones (they finish their shard)."""
+        """Stop the workers after the shard each is writing (and committing), and wait for them."""
+        self.stop.value = 1
         self.executor.shutdown(wait=True, cancel_futures=True)
+        self.jobs.close()
 
 
 def _run_pool(
@@ -846,34 +938,41 @@ def _run_pool(
     base_samples: int,
     base_bytes: int,
 ) -> None:
+    # Pickled here, so that an unpicklable job fails now (the queue would pickle it in a thread).
+    for job in jobs:
+        pool.jobs.put(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
+    runners = min(pool.n_workers, len(jobs))
+    for _ in range(runners):
+        pool.jobs.put(None)
+    pending = {pool.executor.submit(_run_worker) for _ in range(runners)}
     failure: BaseException | None = None
-    pending: dict[Future[dict[str, Any]], _ShardJob] = {
-        pool.executor.submit(_write_shard, job): job for job in jobs
-    }
     while pending:
-        finished, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+        finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
         for fut in finished:
-            job = pending.pop(fut)
             exc = fut.exception()
             if isinstance(exc, BrokenProcessPool):
                 exc = WorkerError(
-                    f"a conversion worker process died while writing {job.shard.name} ({exc}); "
-                    "it may have run out of memory or been killed. Finished shards are kept: "
-                    "re-run the same command to resume (workers=1 runs in this process). When "
-                    "calling fastload.convert from a script, call it under "
-                    "`if __name__ == '__main__':`"
+                    f"a conversion worker process died ({exc}); it may have run out of memory or "
+                    "been killed. Finished shards are kept: re-run the same command to resume "
+                    "(workers=1 runs in this process). When calling fastload.convert from a "
+                    "script, call it under `if __name__ == '__main__':`"
                 )
             if exc is not None:
                 failure = failure or exc
                 continue
-            records[job.shard.name] = fut.result()
+            for record in fut.result():
+                records[record["shard"]] = record
         if failure is not None:
-            for fut in pending:
-                fut.cancel()
             pool.shutdown()
             raise failure
         s, b = pool.counters.totals()
         progress.update(base_samples + s, base_bytes + b)
+    missing = [job.shard.name for job in jobs if job.shard.name not in records]
+    if missing:  # cannot happen unless a worker lost jobs; never write a manifest without them
+        raise WorkerError(
+            f"conversion workers finished without writing {len(missing)} shards (first: "
+            f"{missing[0]}); re-run the same command to resume"
+        )
 
 
 def _result_from_manifest(

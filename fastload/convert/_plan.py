@@ -173,9 +173,11 @@ def plan_hash(
     sha = hashlib.sha256()
     head = {"source": source, "options": options}
     sha.update(json.dumps(head, sort_keys=True, separators=(",", ":"), default=str).encode())
+    # One encoder for all units (json.dumps with options builds a new one per call) and one
+    # update per shard: the same bytes as one dumps and one update per unit.
+    encode = json.JSONEncoder(separators=(",", ":")).encode
     for shard in shards:
-        sha.update(f"\nshard {shard.name}\n".encode())
-        for unit in shard.units:
-            sha.update(json.dumps([unit.ref, unit.size], separators=(",", ":")).encode())
-            sha.update(b"\n")
+        lines = [f"\nshard {shard.name}\n"]
+        lines.extend([encode([unit.ref, unit.size]) + "\n" for unit in shard.units])
+        sha.update("".join(lines).encode())
     return sha.hexdigest()

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from fastload.errors import DatasetExistsError, InvalidArgumentError
+from fastload.errors import DatasetExistsError, InvalidArgumentError, WorkerError
 
 # fastload.convert is also the function re-exported as fastload.convert once fastload/__init__.py
 # exports it, which shadows the package attribute: take the module from sys.modules.
@@ -399,3 +399,81 @@ def test_whitespace_in_file_names(tmp_path: Path, real_fmt: str, cv: Any) -> Non
         "my_class/IMG_0001": {"jpg": b"a", "cls": b"0"},
         "my_class/IMG_0002": {"jpg": b"b", "cls": b"0"},
     }
+
+
+def test_worker_death_is_reported_and_the_rerun_resumes(
+    tmp_path: Path, cv: Any, image_folder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, _ = image_folder
+    (tmp_path / "hooks_for_worker_death.py").write_text(
+        "import os, signal\n"
+        "def kill_once(sample):\n"
+        "    if sample['__key__'] == 'class02/im_003' and os.path.exists(\n"
+        "        os.environ['FASTLOAD_TEST_KILL_MARKER']\n"
+        "    ):\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return sample\n"
+    )
+    marker = tmp_path / "kill-marker"
+    monkeypatch.setenv("FASTLOAD_TEST_KILL_MARKER", str(marker))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    options: dict[str, Any] = {
+        "format": "webdataset",
+        "shard_samples": 3,
+        "map_fn": "hooks_for_worker_death:kill_once",
+        "quiet": True,
+    }
+    fc.convert(root, tmp_path / "ref", workers=1, **options)
+    reference = cv.tree_bytes(tmp_path / "ref")
+
+    marker.touch()
+    dst = tmp_path / "dst"
+    with pytest.raises(WorkerError, match="worker process died"):
+        fc.convert(root, dst, workers=2, **options)
+    assert not (dst / "fastload.json").exists()
+    for name, data in cv.tree_bytes(dst).items():  # whatever is there is complete
+        if name.startswith("shard-"):
+            assert data == reference[name], name
+
+    marker.unlink()
+    fc.convert(root, dst, workers=2, **options)
+    assert cv.tree_bytes(dst) == reference
+
+
+def test_commits_overlap_the_next_shard_and_errors_stop_cleanly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    convert_module = importlib.import_module("fastload.convert._convert")
+    events: list[str] = []
+
+    class Writer:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def abort(self) -> None:
+            events.append(f"abort {self.n}")
+
+    def write_samples(job: Any) -> Any:
+        events.append(f"write {job}")
+        return convert_module._Written(job, Writer(job), [], 0)
+
+    def commit_shard(written: Any) -> dict[str, Any]:
+        events.append(f"commit start {written.job}")
+        time.sleep(0.2)
+        if written.job == 1:
+            raise OSError("disk full (test)")
+        events.append(f"commit end {written.job}")
+        return {"shard": written.job}
+
+    monkeypatch.setattr(convert_module, "_write_samples", write_samples)
+    monkeypatch.setattr(convert_module, "_commit_shard", commit_shard)
+
+    assert convert_module._write_shards(iter([0])) == [{"shard": 0}]
+    events.clear()
+    with pytest.raises(OSError, match="disk full"):
+        convert_module._write_shards(iter([0, 1, 2, 3]))
+    # Shard 1 is written while shard 0 commits; shard 2 is written while shard 1 commits; when
+    # shard 1's commit fails, shard 2 (written, not committed) is aborted and no more is written.
+    assert events.index("write 1") < events.index("commit end 0") < events.index("commit start 1")
+    assert events.index("write 2") < events.index("abort 2") == len(events) - 1
+    assert not {"commit end 1", "commit start 2", "write 3"} & set(events)
