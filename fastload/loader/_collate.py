@@ -58,12 +58,19 @@ class BufferPool:
     worker sets an entry from 0 to a token; only the main process sets it from that token back
     to 0 (:class:`BufferReleaser`), so no lock is needed.
 
-    Not thread-safe: collation runs in the worker's main thread.
+    Needs torch's ``file_descriptor`` sharing strategy (the Linux default): blocks are told apart
+    by the inode of their shared-memory file. Not thread-safe: collation runs in the worker's
+    main thread.
     """
+
+    @staticmethod
+    def supported() -> bool:
+        """Whether blocks can be pooled in this process (``file_descriptor`` sharing)."""
+        strategy = torch.multiprocessing.get_sharing_strategy()  # type: ignore[no-untyped-call]
+        return bool(strategy == "file_descriptor")
 
     def __init__(self, flags: torch.Tensor) -> None:
         self._flags: npt.NDArray[np.int64] = flags.numpy()
-        self._flags[:] = 0  # a new worker process: none of its blocks exist yet
         self._blocks: list[tuple[torch.UntypedStorage, int] | None] = [None] * len(self._flags)
         self._counter = 0
         self._used: list[tuple[int, int, int]] = []
@@ -71,23 +78,26 @@ class BufferPool:
     def alloc(self, nbytes: int) -> torch.Tensor:
         """A ``uint8`` tensor of ``nbytes`` in shared memory, from a free block when one fits."""
         flags, blocks = self._flags, self._blocks
-        spare = -1  # a free block too small to use, replaced when no block fits
+        small = empty = -1  # a free block too small to use; a slot without a block
         for i, block in enumerate(blocks):
-            if flags[i] != 0:
-                continue
-            if block is None or block[0].nbytes() < nbytes:
-                spare = i if spare < 0 or block is None else spare
-                continue
-            return self._hand_out(i, block, nbytes)
-        if spare < 0:
+            if block is None:
+                empty = i if empty < 0 else empty
+            elif flags[i] == 0:
+                if block[0].nbytes() >= nbytes:
+                    return self._hand_out(i, block, nbytes)
+                small = i if small < 0 else small
+        # Replace a free block that is too small before adding one, so that the pool holds
+        # about as many blocks as batches are in flight.
+        slot = small if small >= 0 else empty
+        if slot < 0:
             return _new_shared(nbytes)  # every block is held: fresh memory, as torch does
+        blocks[slot] = None  # free the old block before making the new one
         capacity = -(-(nbytes + nbytes // 4) // _ALIGN) * _ALIGN
         storage = torch.UntypedStorage._new_shared(capacity)  # type: ignore[no-untyped-call]
         fd = storage._share_fd_cpu_()[0]
         block = (storage, os.fstat(fd).st_ino)
-        blocks[spare] = None  # drop the old block before keeping the new one
-        blocks[spare] = block
-        return self._hand_out(spare, block, nbytes)
+        blocks[slot] = block
+        return self._hand_out(slot, block, nbytes)
 
     def _hand_out(
         self, i: int, block: tuple[torch.UntypedStorage, int], nbytes: int
@@ -403,6 +413,7 @@ def default_collate(samples: Sequence[Any]) -> Any:
     if isinstance(first, torch.Tensor):
         if (
             _POOL is not None
+            and first.layout == torch.strided
             and first.numel() * first.element_size() * len(samples) >= POOL_MIN_BYTES
             and all(
                 isinstance(s, torch.Tensor) and s.shape == first.shape and s.dtype == first.dtype

@@ -277,6 +277,7 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
             and self._release is not None
             and worker < len(self._release)
             and (self._buffers is None or self._buffers_pid != os.getpid())
+            and BufferPool.supported()
         ):
             self._buffers = BufferPool(self._release[worker])
             self._buffers_pid = os.getpid()

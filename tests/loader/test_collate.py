@@ -211,3 +211,22 @@ def test_pinned_loader_and_plain_torch_loader_get_packed_bytes(
         assert payload == [_expected_payload(k) for k in keys]
         got += keys
     assert sorted(got) == sorted(fake.all_keys(sizes) * 2)
+
+
+@pytest.mark.timeout(120)
+def test_file_system_sharing_strategy_works_without_reuse(
+    fake: SimpleNamespace, tmp_path: Path
+) -> None:
+    sizes = [12, 7]
+    root = fake.build_format_dataset(str(tmp_path / "ds"), sizes, "webdataset", payload=PAYLOAD)
+    ds = fl.open_dataset(root, seed=0, fields=("__key__", "bin"))
+    old = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    try:
+        got = []
+        for keys, payload in fl.DataLoader(ds, batch_size=4, num_workers=2):
+            assert payload == [_expected_payload(k) for k in keys]
+            got += keys
+    finally:
+        torch.multiprocessing.set_sharing_strategy(old)
+    assert sorted(got) == sorted(fake.all_keys(sizes))
