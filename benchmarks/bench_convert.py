@@ -23,8 +23,12 @@ as a check that holds on a busy machine, by CPU time.
 Output goes to a fresh temporary directory under the corpus root (removed at the end), so runs
 started by different people at the same time do not collide.
 
+``--baseline DIR`` adds ``fastload-<format>@baseline`` contenders that run the ``fastload`` package
+found in ``DIR`` (put first on ``PYTHONPATH``), to measure a change against the version before it in
+the same run.
+
 Run: ``python -m benchmarks.bench_convert [--quick] [--rounds N] [--formats F,...] [--no-peers]
-[--json PATH]``.
+[--baseline DIR] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -105,6 +109,7 @@ class Contender:
     name: str
     argv: list[str]
     peer: bool = False
+    env: dict[str, str] | None = None
     walls: list[float] = field(default_factory=list)
     cpus: list[float] = field(default_factory=list)
     out_bytes: int = 0
@@ -121,7 +126,8 @@ def _run(c: Contender, out: Path) -> None:
         out.mkdir(parents=True)
     argv = [a.replace("{OUT}", str(out)) for a in c.argv]
     cpu0, t0 = _children_cpu(), time.perf_counter()
-    proc = subprocess.run(argv, capture_output=True, text=True)
+    env = {**os.environ, **c.env} if c.env else None
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
     wall, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
     if proc.returncode != 0:
         raise RuntimeError(f"{c.name} failed ({proc.returncode}): {proc.stderr[-2000:]}")
@@ -154,6 +160,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--no-peers", action="store_true", help="skip litdata and mds")
     parser.add_argument(
+        "--baseline",
+        default=None,
+        help="also run fastload from this directory holding another version's fastload package "
+        "(e.g. `git archive REV fastload | tar -x -C DIR`), as fastload-<format>@baseline",
+    )
+    parser.add_argument(
         "--formats",
         default=",".join(FORMATS),
         help=f"comma-separated fastload formats to run (default {','.join(FORMATS)})",
@@ -177,25 +189,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     py = sys.executable
     contenders = [Contender("tar", ["tar", "-cf", "{OUT}", "-C", str(folder), "."])]
+    variants: list[tuple[str, dict[str, str] | None]] = [("", None)]
+    if args.baseline:
+        variants.append(("@baseline", {"PYTHONPATH": os.path.abspath(args.baseline)}))
     for fmt in formats:
-        contenders.append(
-            Contender(
-                f"fastload-{fmt}",
-                [
-                    py,
-                    "-m",
-                    "fastload.cli",
-                    "convert",
-                    str(folder),
-                    "{OUT}",
-                    "--format",
-                    fmt,
-                    "--workers",
-                    "2",
-                    "--quiet",
-                ],
+        for suffix, env in variants:
+            contenders.append(
+                Contender(
+                    f"fastload-{fmt}{suffix}",
+                    [
+                        py,
+                        "-m",
+                        "fastload.cli",
+                        "convert",
+                        str(folder),
+                        "{OUT}",
+                        "--format",
+                        fmt,
+                        "--workers",
+                        "2",
+                        "--quiet",
+                    ],
+                    env=env,
+                )
             )
-        )
     contenders.append(
         Contender("wds-shardwriter", [py, str(scripts / "wds.py"), str(folder), "{OUT}"], peer=True)
     )
@@ -272,6 +289,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"fastload-{fmt}: {row['ratio_tar']:.2f} x tar, {row['ratio_best_peer']:.2f} x "
             f"{best_peer} -> {'meets' if ok else 'MISSES'} the goals"
         )
+        base = results["contenders"].get(f"fastload-{fmt}@baseline")
+        if base is not None:
+            print(
+                f"  against the baseline: {base['wall_s'] / row['wall_s']:.2f} x by wall time, "
+                f"{base['cpu_s'] / max(row['cpu_s'], 1e-9):.2f} x by CPU time "
+                f"(baseline {base['ratio_tar']:.2f} x tar, {base['ratio_best_peer']:.2f} x "
+                f"{best_peer})"
+            )
     results["best_peer"] = best_peer
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")

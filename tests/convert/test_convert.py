@@ -477,3 +477,21 @@ def test_commits_overlap_the_next_shard_and_errors_stop_cleanly(
     assert events.index("write 1") < events.index("commit end 0") < events.index("commit start 1")
     assert events.index("write 2") < events.index("abort 2") == len(events) - 1
     assert not {"commit end 1", "commit start 2", "write 3"} & set(events)
+
+
+def test_forkserver_workers_write_the_same_bytes(
+    tmp_path: Path, cv: Any, image_folder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Forked workers are the default; a process that runs threads starts them by forkserver,
+    # which passes the job queue at spawn time and starts the workers before planning.
+    import multiprocessing
+
+    convert_module = importlib.import_module("fastload.convert._convert")
+    root, _ = image_folder
+    options: dict[str, Any] = {"format": "webdataset", "shard_samples": 4, "quiet": True}
+    fc.convert(root, tmp_path / "ref", workers=1, **options)
+    monkeypatch.setattr(
+        convert_module, "_pool_context", lambda: multiprocessing.get_context("forkserver")
+    )
+    fc.convert(root, tmp_path / "fs", workers=2, **options)
+    assert cv.tree_bytes(tmp_path / "fs") == cv.tree_bytes(tmp_path / "ref")
