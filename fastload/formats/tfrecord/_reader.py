@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 from fastload.errors import CorruptDataError, FormatError, MissingIndexError, ObjectNotFoundError
 from fastload.formats._base import OnError, ShardReader
+from fastload.formats._mmap import local_file, map_file
 from fastload.formats.tfrecord._compression import (
     InflateReader,
     detect_compression,
@@ -70,41 +71,6 @@ def _decode_record(
     if stored is not None and mask(crc) != stored:
         raise _BadChecksum
     return key
-
-
-def _local_file(store: Store, key: str) -> str | None:
-    """The local path of ``key`` if the store has one (``None`` also when it is missing, so that
-    the store's own reader raises its usual error)."""
-    if not store.has_local_paths:
-        return None
-    try:
-        return store.local_path(key)
-    except ObjectNotFoundError:  # missing, or e.g. too large for a local cache
-        return None
-
-
-def _map_file(path: str, *, sequential: bool) -> mmap.mmap | bytes | None:
-    """``path`` mapped read-only (``b""`` when empty), or ``None`` if it cannot be mapped.
-
-    ``sequential`` asks the kernel to read ahead further and drop pages behind sooner (for
-    iteration); otherwise the default read-ahead stays, which suits records of many pages read
-    in any order (``MADV_RANDOM`` would fetch a cold record one page per fault).
-    """
-    try:
-        fd = os.open(path, _O_RDONLY)
-    except OSError:
-        return None  # gone or unreadable: the store's reader raises the proper error
-    try:
-        if os.fstat(fd).st_size == 0:
-            return b""
-        view = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-    except (OSError, ValueError):
-        return None  # e.g. a filesystem without mmap support: stream it instead
-    finally:
-        os.close(fd)  # the mapping keeps the file
-    if sequential and hasattr(mmap, "MADV_SEQUENTIAL") and hasattr(view, "madvise"):
-        view.madvise(mmap.MADV_SEQUENTIAL)
-    return view
 
 
 def _read_exact(read: Callable[[int], bytes], n: int) -> bytes:
@@ -222,8 +188,8 @@ class TFRecordReader(ShardReader):
     def _records(self, start: int, offset: int) -> Iterator[dict[str, Any]]:
         """Samples from record ``start`` (at byte ``offset``) to the end of the shard: out of a
         memory map for a plain local file, else streamed. Opens nothing until first used."""
-        path = _local_file(self.store, self.key)
-        view = None if path is None else _map_file(path, sequential=True)
+        path = local_file(self.store, self.key)
+        view = None if path is None else map_file(path, sequential=True)
         if view is not None:
             compression = self.compression
             if compression == "auto":
@@ -493,8 +459,8 @@ class TFRecordReader(ShardReader):
         """The shard mapped into memory when it is a plain local file (kept until :meth:`close`;
         only called once the index exists, which implies an uncompressed file)."""
         if not self._map_tried:
-            path = _local_file(self.store, self.key)
-            self._map = None if path is None else _map_file(path, sequential=False)
+            path = local_file(self.store, self.key)
+            self._map = None if path is None else map_file(path, sequential=False)
             self._map_tried = True
         return self._map
 

@@ -14,49 +14,14 @@ safe: the reader keeps the file it opened.
 from __future__ import annotations
 
 import mmap
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from fastload.errors import ObjectNotFoundError
+from fastload.formats._mmap import local_file, map_file
 from fastload.formats.webdataset._tar import ShardView, StreamView, stream_size
 from fastload.storage import Store
 
-__all__ = ["local_file", "map_file", "open_shard"]
-
-_O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
-
-
-def local_file(store: Store, key: str) -> str | None:
-    """The local path of ``key`` when the store has one (else ``None``, also when it is missing).
-
-    A missing object gives ``None`` so that the store's own reader raises its usual error.
-    """
-    if not store.has_local_paths:
-        return None
-    try:
-        return store.local_path(key)
-    except ObjectNotFoundError:  # missing, or e.g. too large for a local cache
-        return None
-
-
-def map_file(path: str) -> mmap.mmap | bytes | None:
-    """``path`` mapped read-only (``b""`` when empty), or ``None`` if it cannot be mapped."""
-    try:
-        fd = os.open(path, _O_RDONLY)
-    except OSError:
-        return None  # gone or unreadable: the store's reader raises the proper error
-    try:
-        if os.fstat(fd).st_size == 0:
-            return b""
-        view = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-    except (OSError, ValueError):
-        return None  # e.g. a filesystem without mmap support: stream it instead
-    finally:
-        os.close(fd)  # the mapping keeps the file
-    if hasattr(view, "madvise") and hasattr(mmap, "MADV_SEQUENTIAL"):
-        view.madvise(mmap.MADV_SEQUENTIAL)  # read ahead more, drop pages behind sooner
-    return view
+__all__ = ["open_shard"]
 
 
 @contextmanager

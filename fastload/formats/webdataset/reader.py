@@ -8,7 +8,8 @@ from typing import Any
 
 from fastload.errors import CorruptDataError, FormatError, MissingIndexError, ObjectNotFoundError
 from fastload.formats._base import OnError, ShardReader
-from fastload.formats.webdataset._source import local_file, map_file, open_shard
+from fastload.formats._mmap import local_file, map_file
+from fastload.formats.webdataset._source import open_shard
 from fastload.formats.webdataset._tar import (
     BLOCK,
     DIRECTORY,
