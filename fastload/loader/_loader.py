@@ -200,7 +200,13 @@ class DataLoader:
         state = self.__dict__.copy()
         state["_torch"] = None  # holds worker processes; rebuilt on first iteration
         state["_iterating"] = False
+        state["_releaser"] = None  # weak references of this process; rebuilt below
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        table = self._stream.buffer_table
+        self._releaser = BufferReleaser(table) if table is not None else None
 
     # ---- epochs and state -------------------------------------------------------------------
 

@@ -244,6 +244,21 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
         state["_progress_view"] = None
         return state
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        # A plain pickle copies tensors into private memory: share the control tables again so
+        # that the worker processes started from this copy see them (torch's own pickler, used
+        # for spawned workers, keeps them shared and this is a no-op).
+        for name in ("_control", "_progress", "_release"):
+            table = getattr(self, name)
+            if table is not None and not table.is_shared():
+                table.share_memory_()
+
+    @property
+    def buffer_table(self) -> torch.Tensor | None:
+        """The shared block table of :meth:`enable_buffer_reuse`, or ``None``."""
+        return self._release
+
     # ---- epoch control ----------------------------------------------------------------------
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:

@@ -230,3 +230,22 @@ def test_file_system_sharing_strategy_works_without_reuse(
     finally:
         torch.multiprocessing.set_sharing_strategy(old)
     assert sorted(got) == sorted(fake.all_keys(sizes))
+
+
+@pytest.mark.timeout(120)
+def test_pickled_loader_still_reuses_blocks(fake: SimpleNamespace, tmp_path: Path) -> None:
+    sizes = [40, 40]
+    root = fake.build_format_dataset(str(tmp_path / "ds"), sizes, "webdataset", payload=PAYLOAD)
+    ds = fl.open_dataset(root, seed=2, fields=("__key__", "bin"))
+    loader = fl.DataLoader(ds, batch_size=8, num_workers=2)
+    next(iter(loader))
+    clone = pickle.loads(pickle.dumps(loader))
+    inodes = set()
+    keys_seen = []
+    for keys, payload in clone:
+        assert payload == [_expected_payload(k) for k in keys]
+        inodes.add(_inode(payload.buffer))
+        keys_seen += keys
+        del payload
+    assert sorted(keys_seen) == sorted(fake.all_keys(sizes))
+    assert len(inodes) < 10  # 10 batches: at least one block was reused
