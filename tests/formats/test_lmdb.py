@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import gc
 import hashlib
 import multiprocessing
 import os
@@ -609,3 +610,36 @@ def test_plain_lmdb_file_without_fastload_keys(tmp_path: Path) -> None:
     shutil.copy(tmp_path / "plain.lmdb", tmp_path / "copy.lmdb")
     with pytest.raises(CorruptDataError, match="meta"):
         len(LMDBReader(LocalStore(tmp_path), "copy.lmdb"))
+
+
+def test_failed_spill_write_poisons_the_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = LocalStore(tmp_path)
+    writer = LMDBWriter(store, KEY)
+    writer.write({"__key__": "a", "bin": b"1" * 10})
+
+    def disk_full(fd: int, parts: list[bytes]) -> None:
+        os.write(fd, b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_writer, "_write_all", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        writer.write({"__key__": "b", "bin": b"2" * 2_000_000})  # over the spill buffer
+    monkeypatch.undo()
+    with pytest.raises(FormatError, match="abort this writer"):
+        writer.close()
+    assert store.list_keys() == []
+    assert os.listdir(tmp_path / "ds") == []
+
+
+def test_dropped_writer_leaves_no_files_or_descriptors(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    writer = LMDBWriter(store, KEY)
+    writer.write({"__key__": "a", "bin": b"1" * 10_000})
+    del writer
+    gc.collect()
+    assert os.listdir(tmp_path / "ds") == []
+    if fds is not None:
+        assert len(os.listdir("/proc/self/fd")) == fds

@@ -223,11 +223,8 @@ class LMDBWriter(ShardWriter):
         else:
             self._workdir = tempfile.mkdtemp(prefix="fastload-lmdb-")
         self._finalizer = weakref.finalize(self, _cleanup, self._workdir)
-        self._spill_fd = os.open(
-            os.path.join(self._workdir, "values"),
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
-            0o600,
-        )
+        # A file object, so that garbage collection closes it (the finalizer removes the files).
+        self._spill = open(os.path.join(self._workdir, "values"), "xb", buffering=0)  # noqa: SIM115
         self._spill_size = 0  # bytes of values so far, written or pending
         self._pending: list[bytes] = []
         self._pending_bytes = 0
@@ -238,6 +235,7 @@ class LMDBWriter(ShardWriter):
         self._pages = _PageCount(self._psize)
         self._pages.add(len(META_KEY), len(pack_meta(0)) + 8, reserved=True)
         self._closed = False
+        self._failed: BaseException | None = None  # a spill write that failed part-way
 
     # ---- writing ------------------------------------------------------------------------------
 
@@ -282,9 +280,20 @@ class LMDBWriter(ShardWriter):
             self._drain()
 
     def _drain(self) -> None:
-        """Write the pending values to the spill file."""
+        """Write the pending values to the spill file. A failure (e.g. a full disk) leaves the
+        spill file incomplete, so the writer refuses to go on; it must be aborted."""
+        if self._failed is not None:
+            raise FormatError(
+                f"an earlier write to the scratch file of {self.url} failed ({self._failed}); "
+                "abort this writer and write the shard again",
+                url=self.url,
+            ) from self._failed
         if self._pending:
-            _write_all(self._spill_fd, self._pending)
+            try:
+                _write_all(self._spill.fileno(), self._pending)
+            except BaseException as exc:
+                self._failed = exc
+                raise
             self._pending = []
             self._pending_bytes = 0
 
@@ -310,8 +319,7 @@ class LMDBWriter(ShardWriter):
             raise InvalidArgumentError(f"LMDB shard writer for {self.url} is already closed")
         try:
             self._drain()
-            os.close(self._spill_fd)
-            self._spill_fd = -1
+            self._spill.close()
             path = os.path.join(self._workdir, "shard.lmdb")
             self._build(path)
             info = self._publish(path)
@@ -444,9 +452,7 @@ class LMDBWriter(ShardWriter):
         self._closed = True
         self._pending = []
         try:
-            if self._spill_fd >= 0:
-                os.close(self._spill_fd)
-                self._spill_fd = -1
+            self._spill.close()
         finally:
             self._finalizer()
 
