@@ -55,8 +55,14 @@ class BufferPool:
 
     ``flags`` is this worker's row of a shared ``int64`` table made in the main process: entry
     ``i`` is 0 when block ``i`` is free, else the token of the batch that holds it. Only the
-    worker sets an entry from 0 to a token; only the main process sets it from that token back
-    to 0 (:class:`BufferReleaser`), so no lock is needed.
+    worker sets an entry to a token (from 0, or over the stale token of a previous worker
+    process when it creates block ``i``); only the main process sets it from that token back
+    to 0 (:class:`BufferReleaser`, which compares first), so no lock is needed. Tokens hold the
+    worker's pid, so a token of a dead worker never matches a block of its successor.
+
+    Memory: a block is made for a batch's size plus 25 % (rounded up to 1 MiB) and kept; a
+    worker holds about as many blocks as it has batches in flight (``prefetch_factor`` plus
+    the one or two the training loop holds), at most ``len(flags)``.
 
     Needs torch's ``file_descriptor`` sharing strategy (the Linux default): blocks are told apart
     by the inode of their shared-memory file. Not thread-safe: collation runs in the worker's
