@@ -420,6 +420,7 @@ def default_collate(samples: Sequence[Any]) -> Any:
         if (
             _POOL is not None
             and first.layout == torch.strided
+            and first.device.type == "cpu"
             and first.numel() * first.element_size() * len(samples) >= POOL_MIN_BYTES
             and all(
                 isinstance(s, torch.Tensor) and s.shape == first.shape and s.dtype == first.dtype
