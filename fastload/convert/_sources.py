@@ -27,6 +27,7 @@ Sample keys and field names (documented in ``fastload/convert/README.md``):
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -116,9 +117,12 @@ def sanitize_key(key: str) -> str:
     return head + sep + last.replace(".", "_")
 
 
+@functools.lru_cache(maxsize=4096)
 def sanitize_field_name(name: str) -> str:
     """Make a column / JSON key usable as a field name: whitespace, ``/`` and NUL become ``_``;
-    leading ``_`` and ``.`` and a trailing ``.`` are dropped; an empty result becomes ``field``."""
+    leading ``_`` and ``.`` and a trailing ``.`` are dropped; an empty result becomes ``field``.
+
+    Memoized: the same few names repeat in every record."""
     out = "".join("_" if (c.isspace() or c in "/\x00") else c for c in name)
     out = out.lstrip("_.").rstrip(".")
     return out or "field"
