@@ -211,7 +211,8 @@ PY
   # A real torchvision/transformers dist-info would make litdata believe torchvision works.
   rm -rf "$bench_site"/torchvision-*.dist-info "$bench_site"/transformers-*.dist-info
 }
-step "write torchvision/transformers stand-ins" write_stubs
+write_stubs # not through step: set -e must stop at the first file that cannot be written
+say "wrote stand-in torchvision and transformers packages into $bench_site"
 
 pip_install() { # pip_install PKG...: --no-deps so nothing can replace torch or numpy
   # shellcheck disable=SC2086
