@@ -392,10 +392,9 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
         self, pool: ThreadPoolExecutor | None, planned: _Planned
     ) -> list[Future[list[_ReadResult]]] | list[_ReadResult]:
         # Sort by (shard, position) for locality, then split into one chunk per thread.
-        order = np.lexsort((planned.positions, planned.shards))
-        items = [
-            (int(i), int(planned.shards[i]), int(planned.positions[i])) for i in order.tolist()
-        ]
+        order = np.lexsort((planned.positions, planned.shards)).tolist()
+        shards, positions = planned.shards.tolist(), planned.positions.tolist()
+        items = [(i, shards[i], positions[i]) for i in order]
         if pool is None or len(items) <= 1:
             return self._read_chunk(items)
         chunks = np.array_split(np.arange(len(items)), min(self.io_threads, len(items)))
@@ -435,9 +434,11 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
         where = f"rank {rank}, worker {worker}, global step {planned.step}"
         samples: list[Any] = []
         skipped = nbytes = 0
+        shards, positions = planned.shards.tolist(), planned.positions.tolist()
+        indices = planned.indices.tolist()
         for i in range(n):
-            shard, pos = int(planned.shards[i]), int(planned.positions[i])
-            self._report(worker, planned.step, int(planned.indices[i]))
+            shard, pos, index = shards[i], positions[i], indices[i]
+            self._report(worker, planned.step, index)
             err = errors[i]
             if err is not None:
                 raise WorkerError(
@@ -450,7 +451,7 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
                 continue
             nbytes += sample_nbytes(raw)
             key = raw.get("__key__")
-            raw.setdefault(RNG_SEED_KEY, (ds.seed, epoch, int(planned.indices[i])))
+            raw.setdefault(RNG_SEED_KEY, (ds.seed, epoch, index))
             try:
                 decoded = ds.decode_raw(raw)
             except Exception as exc:
