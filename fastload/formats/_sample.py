@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
-import numpy as np
 
 from fastload.errors import CorruptDataError, FormatError, InvalidArgumentError, UnsafeDataError
 
@@ -64,6 +63,10 @@ class Codec:
 
 
 def _encode_int(value: Any) -> bytes:
+    if type(value) is int:  # the common case, without importing numpy
+        return str(value).encode("ascii")
+    import numpy as np  # numpy integers are accepted too; imported lazily (CLI start-up time)
+
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"expected an int, got {type(value).__name__}")
     return str(int(value)).encode("ascii")
@@ -84,12 +87,16 @@ def _encode_json(value: Any) -> bytes:
 
 
 def _encode_npy(value: Any) -> bytes:
+    import numpy as np
+
     buf = io.BytesIO()
     np.save(buf, np.asarray(value), allow_pickle=False)
     return buf.getvalue()
 
 
 def _decode_npy(data: bytes) -> Any:
+    import numpy as np
+
     return np.load(io.BytesIO(data), allow_pickle=False)
 
 
@@ -160,9 +167,14 @@ def validate_sample_key(key: Any, *, url: str = "") -> str:
     return key
 
 
+_VALID_FIELDS: set[str] = set()  # names that passed validate_field_name (a few per dataset)
+
+
 def validate_field_name(name: Any) -> str:
     """Check a field name: non-empty ``str``, no ``/``, NUL or whitespace, not starting with ``__``
     or ``.``."""
+    if name in _VALID_FIELDS:
+        return str(name)
     if not isinstance(name, str) or not name:
         raise InvalidArgumentError(f"field names must be non-empty str, got {name!r}")
     if name.startswith(("__", ".")) or name.endswith("."):
@@ -171,6 +183,8 @@ def validate_field_name(name: Any) -> str:
         )
     if any(c in name for c in "/\x00") or any(c.isspace() for c in name):
         raise InvalidArgumentError(f"field name {name!r} may not contain '/', NUL or whitespace")
+    if len(_VALID_FIELDS) < 4096:
+        _VALID_FIELDS.add(name)
     return name
 
 
