@@ -10,7 +10,7 @@ The W1 corpus (:mod:`benchmarks.corpus`: photo-like JPEGs of ~100 KB in 100 clas
 * ``wds-shardwriter``: the webdataset library's ``ShardWriter`` loop (read file, write sample);
 * ``litdata``: ``litdata.optimize`` with 2 workers; ``mds``: mosaicml-streaming's ``MDSWriter``.
   These run in the interpreter named by ``$FASTLOAD_PEERS_PYTHON`` (default
-  ``/tmp/convert-peers/bin/python``) because they pull dependencies fastload's environment must not
+  ``.venv-bench/bin/python``, built by ``tools/bench-env.sh``) because they pull dependencies fastload's environment must not
   have (a CUDA torch); a peer that does not import is skipped with the reason printed.
 
 Every contender runs in a fresh subprocess, in alternating order each round, writing into an empty
@@ -50,7 +50,10 @@ from typing import Any
 
 from benchmarks.corpus import DEFAULT_ROOT, ensure_corpus
 
-PEERS_PYTHON = os.environ.get("FASTLOAD_PEERS_PYTHON", "/tmp/convert-peers/bin/python")
+PEERS_PYTHON = os.environ.get(
+    "FASTLOAD_PEERS_PYTHON",
+    str(Path(__file__).resolve().parent.parent / ".venv-bench" / "bin" / "python"),
+)
 FORMATS = ("webdataset", "tfrecord", "lmdb")
 GOAL_TAR = 0.8
 GOAL_PEER = 2.0
