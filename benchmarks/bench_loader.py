@@ -16,7 +16,8 @@ Two workloads, 2 loader workers each (see issue 5 and /work/shared/BENCHMARKS.md
   limit), measured in the same run.
 
 Every measurement runs in a fresh subprocess; loaders alternate round by round (this machine is
-shared and varies); the report gives medians and ratios. Data are in the warm page cache (each
+shared and varies); the report gives medians and ratios, and the CPU time per sample of the
+loader process plus its workers (steadier than wall time when other jobs share the cores). Data are in the warm page cache (each
 child reads its data once before timing). Throughput is counted from the end of the warm-up
 batches to the last batch, so worker start-up is excluded for every loader alike.
 
@@ -29,6 +30,8 @@ import argparse
 import io
 import json
 import math
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -117,11 +120,34 @@ def _count(batch: Any) -> int:
     return len(labels)
 
 
+def _cpu_seconds() -> float:
+    """CPU seconds used so far by this process (all threads), its live child processes (loader
+    workers) and its reaped children. Differences of it are the loader's whole CPU cost, which
+    varies much less than wall time on a shared machine."""
+    total = time.process_time()
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total += ru.ru_utime + ru.ru_stime
+    me, tick = os.getpid(), os.sysconf("SC_CLK_TCK")
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:  # fields[1] is the parent pid; [11], [12] utime, stime
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
 def _timed(batches: Iterable[Any], limit: int, warmup: int = 2) -> dict[str, float]:
-    """Consume batches up to ``limit`` samples; rate measured after ``warmup`` batches."""
+    """Consume batches up to ``limit`` samples; rate and CPU time measured after ``warmup``
+    batches (CPU: this process plus its workers)."""
     n = seen = 0
     t0 = time.perf_counter()
-    start = t0
+    cpu0 = _cpu_seconds()
+    start, cpu_start = t0, cpu0
     counted = 0
     for batch in batches:
         size = _count(batch)
@@ -129,15 +155,22 @@ def _timed(batches: Iterable[Any], limit: int, warmup: int = 2) -> dict[str, flo
         n += 1
         if n == warmup:
             start = time.perf_counter()
+            cpu_start = _cpu_seconds()
             counted = 0
         elif n > warmup:
             counted += size
         if seen >= limit:
             break
     end = time.perf_counter()
+    cpu_end = _cpu_seconds()
     if n <= warmup:  # too few batches: count everything
-        counted, start = seen, t0
-    return {"samples": counted, "seconds": end - start, "total_seconds": end - t0}
+        counted, start, cpu_start = seen, t0, cpu0
+    return {
+        "samples": counted,
+        "seconds": end - start,
+        "total_seconds": end - t0,
+        "cpu_seconds": cpu_end - cpu_start,
+    }
 
 
 def _warm(paths: Iterable[str]) -> int:
@@ -701,17 +734,36 @@ def _median_rate(runs: list[dict[str, Any]]) -> float | None:
     return statistics.median(ok) if ok else None
 
 
+def _median_cpu_us(runs: list[dict[str, Any]]) -> float | None:
+    """Median CPU microseconds per sample (loader process + workers), where measured."""
+    ok = [
+        r["cpu_seconds"] / r["samples"] * 1e6
+        for r in runs
+        if "error" not in r and r.get("cpu_seconds") and r["samples"] > 0
+    ]
+    return statistics.median(ok) if ok else None
+
+
+def _cpu_col(cpu: float | None, best_peer_cpu: float | None, ours: bool) -> str:
+    """``CPU us/sample`` and, for fastload rows, the peer's CPU per sample over ours."""
+    if cpu is None:
+        return f"{'-':>9s} {'':>8s}"
+    ratio = f"{best_peer_cpu / cpu:7.2f}x" if ours and best_peer_cpu else f"{'':>8s}"
+    return f"{cpu:9.0f} {ratio}"
+
+
 def _report(
     results: dict[str, dict[str, list[dict[str, Any]]]], mean_kb: float, skipped: dict[str, str]
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"skipped": skipped, "workloads": {}}
     for workload, by_name in results.items():
         rates = {name: _median_rate(runs) for name, runs in by_name.items()}
+        cpus = {name: _median_cpu_us(runs) for name, runs in by_name.items()}
         errors = {
             name: runs[-1]["error"] for name, runs in by_name.items() if _median_rate(runs) is None
         }
         print(f"\n== {workload} (medians of {max(len(r) for r in by_name.values())} rounds) ==")
-        table: dict[str, Any] = {"rates": rates, "errors": errors}
+        table: dict[str, Any] = {"rates": rates, "cpu_us_per_sample": cpus, "errors": errors}
         if workload == "bytes":
             pc = by_name.get("pagecache", [])
             pc_ok = [r["bytes"] / r["seconds"] for r in pc if "error" not in r]
@@ -721,9 +773,13 @@ def _report(
                 v for k, v in rates.items() if v and not k.startswith(("fastload", "pagecache"))
             ]
             best_peer = max(peers) if peers else None
+            peer_cpus = [
+                v for k, v in cpus.items() if v and not k.startswith(("fastload", "pagecache"))
+            ]
+            best_cpu = min(peer_cpus) if peer_cpus else None
             base = rates.get("torch")
             print(
-                f"{'loader':22s} {'samples/s':>10s} {'MB/s':>8s} {'vs torch':>9s} {'vs best peer':>12s} {'of page cache':>13s}"
+                f"{'loader':22s} {'samples/s':>10s} {'MB/s':>8s} {'vs torch':>9s} {'vs best peer':>12s} {'of page cache':>13s} {'CPU us/s.':>9s} {'CPU gain':>8s}"
             )
             if bw:
                 print(f"{'page cache (dd-like)':22s} {bw / mean_kb / 1e3:10.0f} {bw / 1e6:8.0f}")
@@ -738,8 +794,9 @@ def _report(
                 vs_peer = _fmt_ratio(
                     rate / best_peer if best_peer and name.startswith("fastload") else None
                 )
+                cpu_col = _cpu_col(cpus.get(name), best_cpu, name.startswith("fastload"))
                 print(
-                    f"{name:22s} {rate:10.0f} {mbs:8.0f} {_fmt_ratio(rate / base if base else None):>9s} {vs_peer:>12s} {share:>13s}"
+                    f"{name:22s} {rate:10.0f} {mbs:8.0f} {_fmt_ratio(rate / base if base else None):>9s} {vs_peer:>12s} {share:>13s} {cpu_col}"
                 )
         else:
             single = rates.get("single-fused")
@@ -752,8 +809,9 @@ def _report(
                 if v and k in ("torch", "webdataset", "litdata", "mosaic")
             ]
             best_peer = max(peers) if peers else None
+            dali_cpu = cpus.get("dali")
             print(
-                f"{'loader':22s} {'img/s':>8s} {'vs DALI':>8s} {'vs best PIL peer':>16s} {'of 2-core limit':>15s}"
+                f"{'loader':22s} {'img/s':>8s} {'vs DALI':>8s} {'vs best PIL peer':>16s} {'of 2-core limit':>15s} {'CPU us/img':>9s} {'DALI/ours':>8s}"
             )
             for name, rate in rates.items():
                 if rate is None:
@@ -765,7 +823,10 @@ def _report(
                 vs_dali = _fmt_ratio(rate / dali if dali else None)
                 vs_peer = _fmt_ratio(rate / best_peer if best_peer else None)
                 of_limit = f"{rate / limit * 100:14.0f}%" if limit else "-"
-                print(f"{name:22s} {rate:8.0f} {vs_dali:>8s} {vs_peer:>16s} {of_limit:>15s}")
+                cpu_col = _cpu_col(cpus.get(name), dali_cpu, name.startswith("fastload"))
+                print(
+                    f"{name:22s} {rate:8.0f} {vs_dali:>8s} {vs_peer:>16s} {of_limit:>15s} {cpu_col}"
+                )
             if limit:
                 print(f"2-core limit (single-core fused x 2): {limit:.0f} img/s")
         out["workloads"][workload] = table
