@@ -439,7 +439,7 @@ class Dataset(torch.utils.data.Dataset[Any]):
         rank: int | None = None,
         world_size: int | None = None,
         epoch: int = 0,
-        io_threads: int = 4,
+        io_threads: int | None = None,
         prefetch_batches: int = 1,
     ) -> BatchStream:
         """The iterable form: an ``IterableDataset`` of collated batches for this rank.

@@ -30,6 +30,7 @@ import fcntl
 import hashlib
 import io
 import json
+import logging
 import os
 import tempfile
 import threading
@@ -60,6 +61,10 @@ __all__ = ["CachingStore", "parse_size"]
 
 #: Bytes per request when the cache copies an object in (memory per fill in progress).
 FILL_CHUNK = 32 * 1024 * 1024
+#: How long a fill waits for other fills in progress to free the budget before going over it.
+ROOM_WAIT_S = 30.0
+
+logger = logging.getLogger("fastload.storage")
 
 _UNITS = {
     "": 1,
@@ -312,8 +317,26 @@ class CachingStore(WrapperStore):
         (sparse) before the lock is released, so concurrent fills in all processes count each
         other's bytes: the budget holds even while many shards download at once.
         """
+        deadline = time.monotonic() + ROOM_WAIT_S
+        while True:
+            with self._flock(os.path.join(self._dir, "evict.lock")):
+                fits = self._make_room(size)
+                if fits or time.monotonic() >= deadline:
+                    if not fits:
+                        logger.warning(
+                            "cache %s: %d bytes of fills in progress leave no room for %d more "
+                            "within the %d-byte budget after %.0f s; going over it (raise "
+                            "cache_size or lower the number of workers prefetching)",
+                            self._dir,
+                            self._in_flight_bytes(),
+                            size,
+                            self._max_bytes,
+                            ROOM_WAIT_S,
+                        )
+                    break
+            # Only fills in progress (never evicted) hold the budget: wait for them to finish.
+            time.sleep(0.05)
         with self._flock(os.path.join(self._dir, "evict.lock")):
-            self._make_room(size)
             fd, tmp = tempfile.mkstemp(
                 prefix=f"{entry[:16]}.{os.getpid()}.", dir=os.path.join(self._dir, "tmp")
             )
@@ -395,8 +418,16 @@ class CachingStore(WrapperStore):
         with contextlib.suppress(OSError):
             os.utime(path)  # mtime = last use, for LRU
 
-    def _make_room(self, incoming: int) -> None:
-        """Evict least recently used objects until ``incoming`` more bytes fit in the budget.
+    def _in_flight_bytes(self) -> int:
+        total = 0
+        for f in os.scandir(os.path.join(self._dir, "tmp")):
+            with contextlib.suppress(FileNotFoundError):
+                total += f.stat().st_size
+        return total
+
+    def _make_room(self, incoming: int) -> bool:
+        """Evict least recently used objects until ``incoming`` more bytes fit in the budget;
+        return whether they fit.
 
         The caller holds the eviction lock. Fills in progress (temporary files, created at their
         full size) count against the budget but are never evicted.
@@ -416,11 +447,9 @@ class CachingStore(WrapperStore):
                     continue
                 entries.append((st.st_mtime, st.st_size, f.path))
                 total += st.st_size
-        for f in os.scandir(os.path.join(self._dir, "tmp")):
-            with contextlib.suppress(FileNotFoundError):
-                total += f.stat().st_size
+        total += self._in_flight_bytes()
         if total + incoming <= self._max_bytes:
-            return
+            return True
         entries.sort()
         for _, size, path in entries:
             if total + incoming <= self._max_bytes:
@@ -440,6 +469,7 @@ class CachingStore(WrapperStore):
                     os.unlink(path + ".json")
             finally:
                 os.close(lock_fd)
+        return total + incoming <= self._max_bytes
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._lock:
