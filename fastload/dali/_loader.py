@@ -43,6 +43,7 @@ from fastload.dali._source import BatchSource, FieldSpec
 from fastload.errors import FastloadError, InvalidArgumentError, WorkerError
 from fastload.loader import STATE_VERSION, Dataset, Partition, detect_rank_world, open_dataset
 from fastload.loader._order import check_seed
+from fastload.loader._stats import LoaderStats
 from fastload.storage import Store, open_store
 
 __all__ = ["DALILoader"]
@@ -202,7 +203,7 @@ class DALILoader:
         self._resume: int | None = None
         self._iter_start = 0
         self._iterating = False
-        self._stats = _Stats()
+        self._stats = LoaderStats()
         self.prebuild = bool(prebuild)
         self._next: tuple[int, Future[Any]] | None = None  # (epoch, pipeline being built)
         self._builder: ThreadPoolExecutor | None = None
@@ -592,13 +593,11 @@ class DALILoader:
                 batch, size, padded, nbytes = self._convert(outputs, step, plan)
                 now = time.perf_counter()
                 stats.stall += now - t0
-                stats.batches += 1
-                stats.samples += size
-                stats.padded += padded
-                stats.nbytes += nbytes
+                skipped = 0
                 if plan is None:
                     lo, hi = self.partition.rank_range(step, self.rank)
-                    stats.skipped += (hi - lo) - size
+                    skipped = (hi - lo) - size
+                stats.add(size=size, nbytes=nbytes, padded=padded, skipped=skipped)
                 stats.elapsed += now - began
                 began = now
                 if self._epoch == epoch:
@@ -695,27 +694,12 @@ class DALILoader:
         """Counters since the loader was made (or :meth:`reset_stats`); the keys and meanings of
         :meth:`fastload.DataLoader.stats` (``bytes`` counts the image field only in native
         mode; ``data_stall_s`` is the time spent waiting for DALI's next batch)."""
-        s = self._stats
-        rate = 1.0 / s.elapsed if s.elapsed > 0 else 0.0
         dropped = self.native_plan().dropped if self.reader == "native" else self.partition.dropped
-        return {
-            "batches": s.batches,
-            "samples": s.samples,
-            "bytes": s.nbytes,
-            "elapsed_s": s.elapsed,
-            "samples_per_s": s.samples * rate,
-            "bytes_per_s": s.nbytes * rate,
-            "data_stall_s": s.stall,
-            "padded": s.padded,
-            "skipped": s.skipped,
-            "dropped_per_epoch": dropped,
-            "epoch": self._epoch,
-            "step": self._step,
-        }
+        return self._stats.report(dropped_per_epoch=dropped, epoch=self._epoch, step=self._step)
 
     def reset_stats(self) -> None:
         """Zero the counters of :meth:`stats`."""
-        self._stats = _Stats()
+        self._stats = LoaderStats()
 
     def __repr__(self) -> str:
         return (
@@ -724,14 +708,6 @@ class DALILoader:
             f"world_size={self.world_size}, drop_last={self.drop_last}, epoch={self._epoch}, "
             f"step={self._step})"
         )
-
-
-class _Stats:
-    __slots__ = ("batches", "elapsed", "nbytes", "padded", "samples", "skipped", "stall")
-
-    def __init__(self) -> None:
-        self.batches = self.samples = self.nbytes = self.padded = self.skipped = 0
-        self.elapsed = self.stall = 0.0
 
 
 def _shutdown(pipe: Any) -> None:

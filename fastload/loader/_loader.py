@@ -33,6 +33,7 @@ from fastload.loader._dataset import Dataset, _ReaderCache
 from fastload.loader._device import prefetch_to_device, resolve_device
 from fastload.loader._order import check_seed
 from fastload.loader._partition import Partition
+from fastload.loader._stats import LoaderStats
 from fastload.loader._stream import BatchMeta, BatchStream
 
 __all__ = ["STATE_VERSION", "DataLoader"]
@@ -194,7 +195,7 @@ class DataLoader:
         self._resume: int | None = None  # start step of the next iteration, from load_state_dict
         self._iter_start = 0
         self._iterating = False
-        self._stats = _Stats()
+        self._stats = LoaderStats()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -357,7 +358,9 @@ class DataLoader:
                 expected += 1
                 if releaser is not None and meta.pooled:
                     releaser.track(batch, meta.worker, meta.pooled)
-                stats.add(meta)
+                stats.add(
+                    size=meta.size, nbytes=meta.nbytes, padded=meta.padded, skipped=meta.skipped
+                )
                 stats.elapsed += now - began
                 began = now
                 if self.epoch == epoch:
@@ -393,34 +396,15 @@ class DataLoader:
     # ---- statistics -------------------------------------------------------------------------
 
     def stats(self) -> dict[str, float | int]:
-        """Counters since the loader was made (or since :meth:`reset_stats`).
-
-        Keys: ``batches``, ``samples`` (delivered), ``bytes`` (raw field bytes read),
-        ``elapsed_s`` (wall time inside iterations), ``samples_per_s``, ``bytes_per_s``,
-        ``data_stall_s`` (time the training loop waited for the next batch), ``padded``
-        (repeated samples delivered to even out ranks), ``skipped`` (corrupt samples dropped),
-        ``dropped_per_epoch`` (samples ``drop_last`` leaves out of each epoch), ``epoch``, ``step``.
-        """
-        s = self._stats
-        rate = 1.0 / s.elapsed if s.elapsed > 0 else 0.0
-        return {
-            "batches": s.batches,
-            "samples": s.samples,
-            "bytes": s.nbytes,
-            "elapsed_s": s.elapsed,
-            "samples_per_s": s.samples * rate,
-            "bytes_per_s": s.nbytes * rate,
-            "data_stall_s": s.stall,
-            "padded": s.padded,
-            "skipped": s.skipped,
-            "dropped_per_epoch": self.partition.dropped,
-            "epoch": self._epoch,
-            "step": self._step,
-        }
+        """Counters since the loader was made (or since :meth:`reset_stats`); see
+        :meth:`fastload.loader._stats.LoaderStats.report` for the keys."""
+        return self._stats.report(
+            dropped_per_epoch=self.partition.dropped, epoch=self._epoch, step=self._step
+        )
 
     def reset_stats(self) -> None:
         """Zero the counters of :meth:`stats`."""
-        self._stats = _Stats()
+        self._stats = LoaderStats()
 
     def __repr__(self) -> str:
         return (
@@ -428,18 +412,3 @@ class DataLoader:
             f"num_workers={self.num_workers}, rank={self.rank}, world_size={self.world_size}, "
             f"drop_last={self.drop_last}, epoch={self._epoch}, step={self._step})"
         )
-
-
-class _Stats:
-    __slots__ = ("batches", "elapsed", "nbytes", "padded", "samples", "skipped", "stall")
-
-    def __init__(self) -> None:
-        self.batches = self.samples = self.nbytes = self.padded = self.skipped = 0
-        self.elapsed = self.stall = 0.0
-
-    def add(self, meta: BatchMeta) -> None:
-        self.batches += 1
-        self.samples += meta.size
-        self.nbytes += meta.nbytes
-        self.padded += meta.padded
-        self.skipped += meta.skipped

@@ -1,0 +1,49 @@
+"""The counters behind ``stats()`` of :class:`fastload.DataLoader` and ``fastload.dali.DALILoader``:
+one definition, so both loaders report the same keys with the same meanings."""
+
+from __future__ import annotations
+
+__all__ = ["LoaderStats"]
+
+
+class LoaderStats:
+    """Counters of one loader since it was made or reset (main process only, one thread)."""
+
+    __slots__ = ("batches", "elapsed", "nbytes", "padded", "samples", "skipped", "stall")
+
+    def __init__(self) -> None:
+        self.batches = self.samples = self.nbytes = self.padded = self.skipped = 0
+        self.elapsed = self.stall = 0.0
+
+    def add(self, *, size: int, nbytes: int, padded: int, skipped: int) -> None:
+        """Count one delivered batch."""
+        self.batches += 1
+        self.samples += size
+        self.nbytes += nbytes
+        self.padded += padded
+        self.skipped += skipped
+
+    def report(self, *, dropped_per_epoch: int, epoch: int, step: int) -> dict[str, float | int]:
+        """The ``stats()`` dictionary.
+
+        Keys: ``batches``, ``samples`` (delivered), ``bytes`` (raw field bytes read),
+        ``elapsed_s`` (wall time inside iterations), ``samples_per_s``, ``bytes_per_s``,
+        ``data_stall_s`` (time the training loop waited for the next batch), ``padded`` (repeated
+        samples delivered to even out ranks), ``skipped`` (corrupt samples dropped),
+        ``dropped_per_epoch`` (samples ``drop_last`` leaves out of each epoch), ``epoch``, ``step``.
+        """
+        rate = 1.0 / self.elapsed if self.elapsed > 0 else 0.0
+        return {
+            "batches": self.batches,
+            "samples": self.samples,
+            "bytes": self.nbytes,
+            "elapsed_s": self.elapsed,
+            "samples_per_s": self.samples * rate,
+            "bytes_per_s": self.nbytes * rate,
+            "data_stall_s": self.stall,
+            "padded": self.padded,
+            "skipped": self.skipped,
+            "dropped_per_epoch": dropped_per_epoch,
+            "epoch": epoch,
+            "step": step,
+        }
