@@ -333,18 +333,17 @@ class CachingStore(WrapperStore):
                             self._max_bytes,
                             ROOM_WAIT_S,
                         )
-                    break
+                    # Reserve under the same hold of the lock that made the room.
+                    fd, tmp = tempfile.mkstemp(
+                        prefix=f"{entry[:16]}.{os.getpid()}.", dir=os.path.join(self._dir, "tmp")
+                    )
+                    try:
+                        os.ftruncate(fd, size)
+                    finally:
+                        os.close(fd)
+                    return tmp
             # Only fills in progress (never evicted) hold the budget: wait for them to finish.
             time.sleep(0.05)
-        with self._flock(os.path.join(self._dir, "evict.lock")):
-            fd, tmp = tempfile.mkstemp(
-                prefix=f"{entry[:16]}.{os.getpid()}.", dir=os.path.join(self._dir, "tmp")
-            )
-            try:
-                os.ftruncate(fd, size)
-            finally:
-                os.close(fd)
-        return tmp
 
     def _fill(self, key: str, entry: str, path: str, meta: ObjectMeta) -> None:
         """Download ``key`` into the cache, one consistent version of it.
@@ -433,7 +432,9 @@ class CachingStore(WrapperStore):
         full size) count against the budget but are never evicted.
         """
         entries: list[tuple[float, int, str]] = []
-        total = 0
+        # Fills in progress first: one that finishes during the scan (renamed from tmp/ into
+        # objects/ without this lock) is then counted twice, never missed.
+        total = self._in_flight_bytes()
         root = os.path.join(self._dir, "objects")
         for sub in os.scandir(root):
             if not sub.is_dir():
@@ -447,7 +448,6 @@ class CachingStore(WrapperStore):
                     continue
                 entries.append((st.st_mtime, st.st_size, f.path))
                 total += st.st_size
-        total += self._in_flight_bytes()
         if total + incoming <= self._max_bytes:
             return True
         entries.sort()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing
 import os
 import pickle
@@ -219,12 +220,21 @@ class BudgetProbe(WrapperStore):
         self.cache_dir, self.log = cache_dir, log
 
     def get(self, key: str, byte_range: ByteRange | None = None) -> bytes:
-        held = sum(
-            p.stat().st_size
-            for sub in ("objects", "tmp")
-            for p in (self.cache_dir / sub).rglob("*")
-            if p.is_file() and not p.name.endswith(".json")
-        )
+        held = 0
+        # Under the cache's eviction lock, so no eviction + reservation happens mid-scan (a fill
+        # finishing mid-scan can only make this undercount).
+        lock = open(self.cache_dir / "evict.lock", "a")  # noqa: SIM115
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for sub in ("objects", "tmp"):
+            for p in (self.cache_dir / sub).rglob("*"):
+                if ".json" in p.name:  # metadata files (and their temporaries) are not budgeted
+                    continue
+                try:
+                    if p.is_file():
+                        held += p.stat().st_size
+                except FileNotFoundError:  # renamed while we looked
+                    pass
+        lock.close()
         with open(self.log, "a") as f:
             f.write(f"{held}\n")
         time.sleep(0.05)  # keep fills overlapping
