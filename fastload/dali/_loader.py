@@ -43,7 +43,7 @@ from fastload.dali._source import BatchSource, FieldSpec
 from fastload.errors import FastloadError, InvalidArgumentError, WorkerError
 from fastload.loader import STATE_VERSION, Dataset, Partition, detect_rank_world, open_dataset
 from fastload.loader._order import check_seed
-from fastload.loader._stats import LoaderStats
+from fastload.loader._stats import LoaderStats, parse_state_position
 from fastload.storage import Store, open_store
 
 __all__ = ["DALILoader"]
@@ -382,22 +382,7 @@ class DALILoader:
             InvalidArgumentError: The state belongs to another dataset, order, global batch size
                 or reader mode; the message says which.
         """
-        if not isinstance(state, dict) or "version" not in state:
-            raise InvalidArgumentError(
-                "not a fastload loader state dict (no 'version'); pass what state_dict() returned"
-            )
-        if state["version"] != STATE_VERSION:
-            raise InvalidArgumentError(
-                f"state dict version {state['version']!r} is not supported (this fastload writes "
-                f"version {STATE_VERSION})"
-            )
-        try:
-            epoch, step = int(state["epoch"]), int(state["step"])
-            saved_g = int(state["global_batch_size"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InvalidArgumentError(f"malformed loader state dict: {exc!r}") from exc
-        if epoch < 0 or step < 0:
-            raise InvalidArgumentError(f"state dict has negative epoch/step: {epoch}, {step}")
+        epoch, step, saved_g = parse_state_position(state, version=STATE_VERSION, what="DALILoader")
         saved_reader = state.get("reader", "external")
         if saved_reader != self.reader:
             raise InvalidArgumentError(

@@ -33,7 +33,7 @@ from fastload.loader._dataset import Dataset, _ReaderCache
 from fastload.loader._device import prefetch_to_device, resolve_device
 from fastload.loader._order import check_seed
 from fastload.loader._partition import Partition
-from fastload.loader._stats import LoaderStats
+from fastload.loader._stats import LoaderStats, parse_state_position
 from fastload.loader._stream import BatchMeta, BatchStream
 
 __all__ = ["STATE_VERSION", "DataLoader"]
@@ -267,22 +267,7 @@ class DataLoader:
                 shuffle options), a different global batch size, or an unknown version; the
                 message says which and how to fix it.
         """
-        if not isinstance(state, dict) or "version" not in state:
-            raise InvalidArgumentError(
-                "not a fastload DataLoader state dict (no 'version'); pass what state_dict() returned"
-            )
-        if state["version"] != STATE_VERSION:
-            raise InvalidArgumentError(
-                f"state dict version {state['version']!r} is not supported (this fastload writes "
-                f"version {STATE_VERSION}); resume with the fastload version that saved it"
-            )
-        try:
-            epoch, step = int(state["epoch"]), int(state["step"])
-            saved_g = int(state["global_batch_size"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InvalidArgumentError(f"malformed DataLoader state dict: {exc!r}") from exc
-        if epoch < 0 or step < 0:
-            raise InvalidArgumentError(f"state dict has negative epoch/step: {epoch}, {step}")
+        epoch, step, saved_g = parse_state_position(state, version=STATE_VERSION, what="DataLoader")
         g = self.partition.global_batch_size
         if saved_g != g:
             raise InvalidArgumentError(

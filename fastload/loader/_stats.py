@@ -1,9 +1,44 @@
-"""The counters behind ``stats()`` of :class:`fastload.DataLoader` and ``fastload.dali.DALILoader``:
-one definition, so both loaders report the same keys with the same meanings."""
+"""What :class:`fastload.DataLoader` and ``fastload.dali.DALILoader`` share about their bookkeeping:
+the counters behind ``stats()`` and the checks on a saved ``state_dict`` — one definition, so both
+loaders report the same keys and accept each other's state."""
 
 from __future__ import annotations
 
-__all__ = ["LoaderStats"]
+from typing import Any
+
+from fastload.errors import InvalidArgumentError
+
+__all__ = ["LoaderStats", "parse_state_position"]
+
+
+def parse_state_position(state: Any, *, version: int, what: str) -> tuple[int, int, int]:
+    """``(epoch, step, global_batch_size)`` of a loader state dict, after checking its version.
+
+    Args:
+        state: What ``state_dict()`` returned.
+        version: The state version this fastload writes.
+        what: The loader's name, for messages.
+
+    Raises:
+        InvalidArgumentError: Not a state dict, another version, or malformed fields.
+    """
+    if not isinstance(state, dict) or "version" not in state:
+        raise InvalidArgumentError(
+            f"not a fastload {what} state dict (no 'version'); pass what state_dict() returned"
+        )
+    if state["version"] != version:
+        raise InvalidArgumentError(
+            f"state dict version {state['version']!r} is not supported (this fastload writes "
+            f"version {version}); resume with the fastload version that saved it"
+        )
+    try:
+        epoch, step = int(state["epoch"]), int(state["step"])
+        saved_g = int(state["global_batch_size"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"malformed {what} state dict: {exc!r}") from exc
+    if epoch < 0 or step < 0:
+        raise InvalidArgumentError(f"state dict has negative epoch/step: {epoch}, {step}")
+    return epoch, step, saved_g
 
 
 class LoaderStats:

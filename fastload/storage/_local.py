@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
+from fastload._fsutil import fsync_dir
 from fastload.errors import (
     InvalidArgumentError,
     InvalidKeyError,
@@ -34,19 +35,6 @@ __all__ = ["LocalStore"]
 _TMP_PREFIX = ".fastload-tmp-"
 _O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 _PATH_CACHE_SIZE = 1 << 16  # validated key -> path entries kept per store (then cleared)
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 class _LocalWriter(ObjectWriter):
@@ -80,7 +68,7 @@ class _LocalWriter(ObjectWriter):
         except OSError as exc:
             raise self._store._translate(exc, self._key, writing=True) from exc
         if self._fsync:
-            _fsync_dir(os.path.dirname(self._path))
+            fsync_dir(os.path.dirname(self._path))
 
     def _abort(self) -> None:
         try:

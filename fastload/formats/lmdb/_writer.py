@@ -15,6 +15,7 @@ from typing import Any
 
 import lmdb
 
+from fastload._fsutil import fsync_dir
 from fastload.errors import FormatError, InvalidArgumentError, ReadOnlyStoreError
 from fastload.formats._base import ShardInfo, ShardWriter
 from fastload.formats._sample import encode_sample
@@ -435,7 +436,7 @@ class LMDBWriter(ShardWriter):
             if self._target is not None:
                 os.replace(path, self._target)
                 if self._fsync:
-                    _fsync_dir(os.path.dirname(self._target))
+                    fsync_dir(os.path.dirname(self._target))
         return ShardInfo(
             key=self.key,
             num_samples=len(self._entries),
@@ -502,16 +503,3 @@ class _Flush:
         self._thread.join()
         if self._error is not None:
             raise self._error
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
