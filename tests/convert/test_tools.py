@@ -147,8 +147,6 @@ def test_inspect_without_manifest(tmp_path: Path) -> None:
 
 
 def test_index_and_convert_unindexed_tfrecords(tmp_path: Path, cv: Any) -> None:
-    if "tfrecord" not in cv.real_formats():
-        pytest.skip("the tfrecord format has not landed yet")
     from fastload.formats import get_format
 
     fmt = get_format("tfrecord")

@@ -21,6 +21,7 @@ from fastload.errors import (
 )
 from fastload.storage import ByteRange, RetryConfig, RetryStore, Store, open_store
 from fastload.storage._s3 import MIN_PART_SIZE, S3Config, S3Store
+from fastload.testing import need
 from fastload.testing.ceph import CephS3, is_sole_user, start_rgw, stop_rgw
 from fastload.testing.store import StoreTests
 
@@ -455,8 +456,12 @@ def test_writer_retries_a_failed_part(ceph_s3: CephS3, s3_bucket: str, s3_client
 
 @pytest.mark.ceph
 def test_stream_resumes_after_radosgw_restart(ceph_s3: CephS3, s3_client: Any) -> None:
-    if not is_sole_user(ceph_s3):
-        pytest.skip("other processes use this Ceph cluster; killing radosgw would disturb them")
+    need(
+        "sole use of the Ceph cluster",
+        is_sole_user(ceph_s3),
+        "other processes use this cluster and killing radosgw would disturb them; give this test "
+        "a private one (CEPH_RUN=/tmp/my-ceph RGW_PORT=7491 MON_PORT=3311 MON_V1_PORT=6791)",
+    )
     # Not the s3_bucket fixture: after radosgw was SIGKILLed, the next bucket deletion can wait
     # ~25 s (for the dead gateway's watch to time out), so this bucket stays, emptied.
     bucket = f"fl-restart-{os.getpid()}"
