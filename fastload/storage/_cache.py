@@ -39,6 +39,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, cast
 
+from fastload._units import parse_size
 from fastload.errors import (
     InvalidArgumentError,
     InvalidRangeError,
@@ -57,7 +58,7 @@ from fastload.storage._base import (
 )
 from fastload.storage._wrapper import WrapperStore
 
-__all__ = ["CachingStore", "parse_size"]
+__all__ = ["CachingStore", "parse_size"]  # parse_size re-exported from fastload._units
 
 #: Bytes per request when the cache copies an object in (memory per fill in progress).
 FILL_CHUNK = 32 * 1024 * 1024
@@ -65,50 +66,6 @@ FILL_CHUNK = 32 * 1024 * 1024
 ROOM_WAIT_S = 30.0
 
 logger = logging.getLogger("fastload.storage")
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 10**3,
-    "kb": 10**3,
-    "m": 10**6,
-    "mb": 10**6,
-    "g": 10**9,
-    "gb": 10**9,
-    "t": 10**12,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-
-
-def parse_size(size: int | str) -> int:
-    """Bytes from an int or a string such as ``"256MB"``, ``"1.5GiB"``, ``"4096"``.
-
-    Decimal units (kB, MB, GB, TB) are powers of 1000, binary units (KiB, MiB, GiB, TiB) of 1024.
-
-    Raises:
-        InvalidArgumentError: Unparseable or negative size.
-    """
-    if isinstance(size, int) and not isinstance(size, bool):
-        if size < 0:
-            raise InvalidArgumentError(f"size must be >= 0 bytes, got {size}")
-        return size
-    text = str(size).strip().lower().replace(" ", "")
-    number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = text[len(number) :]
-    try:
-        value = float(number)
-    except ValueError:
-        value = -1.0
-    if unit not in _UNITS or value < 0:
-        raise InvalidArgumentError(
-            f"cannot parse size {size!r}; use bytes or a number with a unit: "
-            "kB/MB/GB/TB (powers of 1000) or KiB/MiB/GiB/TiB (powers of 1024), e.g. '256MB'"
-        )
-    return int(value * _UNITS[unit])
 
 
 class _CacheWriter(ObjectWriter):
@@ -159,7 +116,7 @@ class CachingStore(WrapperStore):
     ) -> None:
         super().__init__(store)
         self._dir = os.path.abspath(os.fspath(cache_dir))
-        self._max_bytes = parse_size(max_bytes)
+        self._max_bytes = parse_size(max_bytes, allow_zero=True)
         if prefetch_threads < 0:
             raise InvalidArgumentError(f"prefetch_threads must be >= 0, got {prefetch_threads}")
         self._prefetch_threads = prefetch_threads
