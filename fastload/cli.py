@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -225,6 +226,8 @@ def _run_verify(args: argparse.Namespace) -> int:
     else:
         for problem in report.problems:
             _out(f"PROBLEM {problem}")
+        for note in report.warnings:
+            _out(f"NOTE {note}")
         status = "OK" if report.ok else f"{len(report.problems)} problem(s)"
         _out(
             f"{status}: checked {report.shards_checked} shards, read {report.samples_read} "
@@ -260,6 +263,8 @@ def _run_index(args: argparse.Namespace) -> int:
         + (f"; ignored {len(result.ignored)} other objects" if result.ignored else "")
         + f" at {result.url}"
     )
+    for note in result.warnings:
+        _out(f"note: {note}")
     return 0
 
 
@@ -299,6 +304,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("fastload: interrupted\n")
         return 130
+    except BrokenPipeError:  # `fastload inspect ... | head`: the reader has what it wanted
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so that flushing at exit does not fail again
+        return 0
     except (FastloadError, OSError) as exc:
         sys.stderr.write(f"fastload {args.command}: error: {exc}\n")
         for note in getattr(exc, "__notes__", ()):

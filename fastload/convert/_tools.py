@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastload.convert._sources import _SHARD_EXT, _ext, _visible
-from fastload.errors import FastloadError, InvalidArgumentError, ObjectNotFoundError
+from fastload.errors import (
+    CorruptDataError,
+    FastloadError,
+    InvalidArgumentError,
+    ObjectNotFoundError,
+)
 from fastload.formats import (
     MANIFEST_NAME,
     Format,
@@ -26,7 +32,8 @@ from fastload.formats import (
     read_manifest,
     write_manifest,
 )
-from fastload.formats._base import FORMATS
+from fastload.formats._base import DAMAGED_SHARD_REMEDY, FORMATS, ShardReader
+from fastload.formats.manifest import why_empty
 from fastload.storage import Store, open_store
 
 __all__ = [
@@ -57,6 +64,64 @@ def _sha256(store: Store, key: str) -> tuple[str, int]:
     return sha.hexdigest(), n
 
 
+class _Grouping:
+    """Checks that every sample key appears once in a dataset, and tallies the field sets.
+
+    A tar whose members are not grouped by sample (``tar -cf x.tar -C dir .`` lists files in
+    directory order) reads as many one-field fragments with repeated keys; a sample split across
+    two shards reads as two samples with one key. Both are found here.
+    """
+
+    _SHOWN = 3
+
+    def __init__(self) -> None:
+        self.first: dict[str, tuple[str, int]] = {}
+        self.repeats = 0
+        self.examples: list[str] = []
+        self.field_sets: Counter[tuple[str, ...]] = Counter()
+
+    def add(self, shard_url: str, position: int, sample: Mapping[str, Any]) -> None:
+        key = sample.get("__key__")
+        self.field_sets[tuple(sorted(k for k in sample if not k.startswith("__")))] += 1
+        if not isinstance(key, str):
+            return
+        seen = self.first.setdefault(key, (shard_url, position))
+        if seen != (shard_url, position):
+            self.repeats += 1
+            if len(self.examples) < self._SHOWN:
+                where = (
+                    f"samples {seen[1]} and {position} of {shard_url}"
+                    if seen[0] == shard_url
+                    else f"sample {seen[1]} of {seen[0]} and sample {position} of {shard_url}"
+                )
+                self.examples.append(f"{key!r} ({where})")
+
+    def problem(self) -> str | None:
+        """The repeated keys, with the fix, or ``None``."""
+        if not self.repeats:
+            return None
+        return (
+            f"{self.repeats} sample(s) repeat the key of an earlier sample, e.g. "
+            f"{'; '.join(self.examples)}. A WebDataset sample's members must be adjacent: a tar "
+            "made with `tar -cf x.tar -C dir .` lists files in directory order, which splits "
+            "samples into fragments. Re-create it with `tar --sort=name -cf x.tar -C dir .` "
+            "(GNU tar), or convert the files themselves with `fastload convert dir DST`; keep "
+            "each sample's members in one shard"
+        )
+
+    def warning(self) -> str | None:
+        """A note when samples have different field sets (optional fields, or fragments)."""
+        if len(self.field_sets) <= 1:
+            return None
+        sets = ", ".join(f"{list(f)} in {n}" for f, n in self.field_sets.most_common(4))
+        more = f" and {len(self.field_sets) - 4} more" if len(self.field_sets) > 4 else ""
+        return (
+            f"samples have {len(self.field_sets)} different field sets: {sets}{more}; that is "
+            "expected when some fields are optional, otherwise members of one sample are not "
+            "adjacent in the shards"
+        )
+
+
 # ---- inspect -----------------------------------------------------------------------------------
 
 
@@ -78,7 +143,7 @@ def inspect_dataset(
     """
     store = _open(url, store_options)
     manifest = read_manifest(store)
-    fmt = get_format(manifest.format)
+    fmt = manifest.resolve_format(url=store.child_url(MANIFEST_NAME))
     first: list[dict[str, Any]] = []
     for entry in manifest.shards:
         if len(first) >= samples:
@@ -121,12 +186,14 @@ class VerifyReport:
         shards_checked: Shards examined.
         samples_read: Samples read back from all shards.
         problems: One precise sentence per problem (shard URL, expected vs found); empty if OK.
+        warnings: Observations that need not be problems (e.g. samples with different fields).
     """
 
     url: str
     shards_checked: int = 0
     samples_read: int = 0
     problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -140,6 +207,7 @@ class VerifyReport:
             "shards_checked": self.shards_checked,
             "samples_read": self.samples_read,
             "problems": list(self.problems),
+            "warnings": list(self.warnings),
         }
 
 
@@ -170,8 +238,9 @@ def verify_dataset(
     store = _open(url, store_options)
     manifest = read_manifest(store)
     report = VerifyReport(store.url)
-    fmt = get_format(manifest.format)
+    fmt = manifest.resolve_format(url=store.child_url(MANIFEST_NAME))
     field_counts: dict[str, int] = {}
+    grouping = _Grouping()
     for entry in manifest.shards:
         report.shards_checked += 1
         where = store.child_url(entry.name)
@@ -183,33 +252,63 @@ def verify_dataset(
         except (OSError, FastloadError) as exc:
             report.problems.append(f"{where}: cannot be read: {exc}")
             continue
+        remedy = DAMAGED_SHARD_REMEDY.removeprefix("; ")
         if size != entry.num_bytes:
             report.problems.append(
-                f"{where}: size is {size} bytes, the manifest says {entry.num_bytes}"
+                f"{where}: size is {size} bytes, the manifest says {entry.num_bytes} "
+                f"({'truncated' if size < entry.num_bytes else 'changed'}); {remedy}"
             )
         if sha != entry.sha256:
             report.problems.append(
                 f"{where}: SHA-256 is {sha}, the manifest says {entry.sha256} (the shard's "
-                "bytes changed)"
+                f"bytes changed); {remedy}"
             )
         count = 0
+        reader: ShardReader | None = None
         try:
-            with fmt.reader(store, entry.name) as reader:
-                for sample in reader:
-                    count += 1
-                    for name in sample:
-                        if not name.startswith("__"):
-                            field_counts[name] = field_counts.get(name, 0) + 1
+            reader = fmt.reader(
+                store,
+                entry.name,
+                on_error="skip",
+                num_samples=entry.num_samples,
+                num_bytes=entry.num_bytes,
+            )
+            for sample in reader:
+                grouping.add(where, count, sample)
+                count += 1
+                for name in sample:
+                    if not name.startswith("__"):
+                        field_counts[name] = field_counts.get(name, 0) + 1
         except (OSError, FastloadError) as exc:
             report.problems.append(f"{where}: reading failed after {count} samples: {exc}")
+        except Exception as exc:  # a damaged shard must never crash verify: report it
+            report.problems.append(
+                f"{where}: reading failed after {count} samples with an unexpected "
+                f"{type(exc).__name__}: {exc} (please report this as a fastload bug)"
+            )
         else:
-            if count != entry.num_samples:
+            if reader.skipped:
+                first = reader.policy.errors[0] if reader.policy.errors else "?"
+                report.problems.append(
+                    f"{where}: {reader.skipped} damaged sample(s) or region(s), {count} intact "
+                    f"samples read; first damage: {first}; {remedy}"
+                )
+            elif count != entry.num_samples:
                 report.problems.append(
                     f"{where}: holds {count} samples, the manifest says {entry.num_samples}"
                 )
+        finally:
+            if reader is not None:
+                reader.close()
         report.samples_read += count
         if check_index:
             _verify_index(store, fmt, entry, report)
+    for problem in (grouping.problem(),):
+        if problem is not None:
+            report.problems.append(f"{store.url}: {problem}")
+    note = grouping.warning()
+    if note is not None:
+        report.warnings.append(note)
     schema_counts = {name: int(s.get("count", -1)) for name, s in manifest.schema.items()}
     if not report.problems and schema_counts and schema_counts != field_counts:
         report.problems.append(
@@ -239,14 +338,15 @@ def _verify_index(store: Store, fmt: Format, entry: ShardEntry, report: VerifyRe
         return
     try:
         expected = fmt.build_index(store, entry.name)
-    except (OSError, FastloadError) as exc:
+    except Exception as exc:  # a damaged shard (reported above) cannot be indexed
         report.problems.append(f"{where}: cannot rebuild its index to compare: {exc}")
         return
     if expected is not None and stored != expected:
         report.problems.append(
             f"{store.child_url(entry.index)}: index differs from the shard's contents "
             f"({len(stored)} bytes stored, {len(expected)} expected, first difference at byte "
-            f"{_first_difference(stored, expected)}); rebuild it with `fastload index`"
+            f"{_first_difference(stored, expected)}); rebuild it with `fastload index "
+            f"{store.url}`"
         )
 
 
@@ -264,6 +364,7 @@ class IndexResult:
         unchanged: Index keys that were already correct.
         manifest_written: Whether ``fastload.json`` was (re)written.
         ignored: Objects that are not shards of the format (not indexed).
+        warnings: Observations worth a look (e.g. samples with different field sets).
     """
 
     url: str
@@ -272,6 +373,7 @@ class IndexResult:
     unchanged: list[str] = field(default_factory=list)
     manifest_written: bool = False
     ignored: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
 def _detect_format(store: Store, key: str) -> str | None:
@@ -337,7 +439,7 @@ def index_dataset(
     store = _open(url, store_options)
     if store.exists(MANIFEST_NAME):
         manifest = read_manifest(store)
-        fmt = get_format(manifest.format)
+        fmt = manifest.resolve_format(url=store.child_url(MANIFEST_NAME))
         result = IndexResult(store.url, fmt.name)
         changed = False
         entries = []
@@ -368,6 +470,9 @@ def index_dataset(
         shards.append((key, found))
     kinds = sorted({f for _, f in shards})
     if not shards:
+        missing = why_empty(store)
+        if missing is not None:
+            raise ObjectNotFoundError(missing, url=store.url)
         raise InvalidArgumentError(
             f"no shards found in {store.url}"
             + (f" (format {wanted})" if wanted else " (no WebDataset tar, TFRecord or LMDB file)")
@@ -380,20 +485,31 @@ def index_dataset(
         )
     fmt = get_format(kinds[0])
     result = IndexResult(store.url, fmt.name, ignored=ignored)
-    entries = []
+    grouping = _Grouping()
+    counted: list[tuple[str, str, int, int]] = []  # key, sha256, size, samples
     fields: list[dict[str, int]] = []
     for key, _ in shards:
-        index_key = _write_index(store, fmt, key, result)
         sha, size = _sha256(store, key)
         counts: dict[str, int] = {}
         n = 0
         with fmt.reader(store, key) as reader:
             for sample in reader:
+                grouping.add(store.child_url(key), n, sample)
                 n += 1
                 for name in sample:
                     if not name.startswith("__"):
                         counts[name] = counts.get(name, 0) + 1
         fields.append(counts)
+        counted.append((key, sha, size, n))
+    problem = grouping.problem()
+    if problem is not None:  # nothing is written for shards that would load wrongly
+        raise CorruptDataError(f"cannot index {store.url}: {problem}", url=store.url)
+    note = grouping.warning()
+    if note is not None:
+        result.warnings.append(note)
+    entries = []
+    for key, sha, size, n in counted:
+        index_key = _write_index(store, fmt, key, result)
         entries.append(ShardEntry(key, n, size, sha, index_key))
     if write_manifest_file:
         manifest = Manifest(

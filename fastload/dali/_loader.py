@@ -40,7 +40,8 @@ from fastload.dali._augment import AugmentFn, ImageAugment, check_augment
 from fastload.dali._backend import Device, local_rank, require_dali, resolve
 from fastload.dali._native import NativePlan
 from fastload.dali._source import BatchSource, FieldSpec
-from fastload.errors import FastloadError, InvalidArgumentError, WorkerError
+from fastload.errors import CorruptDataError, FastloadError, InvalidArgumentError, WorkerError
+from fastload.formats import DAMAGED_SHARD_REMEDY
 from fastload.loader import STATE_VERSION, Dataset, Partition, detect_rank_world, open_dataset
 from fastload.loader._order import check_seed
 from fastload.loader._stats import LoaderStats, parse_state_position
@@ -297,6 +298,7 @@ class DALILoader:
                     continue  # DALI rejects index files of zero samples
                 index_key = ds.index_keys[shard]
                 assert index_key is not None  # checked in _check_native
+                self._check_native_shard(shard, key, index_key)
                 for k, out in ((key, paths), (index_key, indexes)):
                     path = ds.store.local_path(k)
                     if path is None:
@@ -307,6 +309,32 @@ class DALILoader:
                     out.append(path)
             self._native_paths = paths, indexes
         return self._native_paths
+
+    def _check_native_shard(self, shard: int, key: str, index_key: str) -> None:
+        """Check a shard and its index as fastload's readers do before DALI reads them: DALI trusts
+        both, so a truncated shard or a damaged index would give wrong samples (or a crash)
+        instead of an error. Raises :class:`~fastload.errors.CorruptDataError` naming the file."""
+        ds = self.dataset
+        entry = ds.manifest.shards[shard]
+        size = ds.store.size(key)
+        if size != entry.num_bytes:
+            raise CorruptDataError(
+                f"shard has {size} bytes, the dataset manifest says {entry.num_bytes}; DALI's "
+                f"reader cannot read it safely (run `fastload verify {ds.url}`)"
+                f"{DAMAGED_SHARD_REMEDY}",
+                url=ds.shard_url(shard),
+            )
+        reader = ds.format.reader(
+            ds.store,
+            key,
+            index_key=index_key,
+            num_samples=entry.num_samples,
+            num_bytes=entry.num_bytes,
+        )
+        try:
+            len(reader)  # parses the index and checks it against the shard and the manifest
+        finally:
+            reader.close()
 
     # ---- epochs and state -------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ the bytes live, and nothing here imports torch. Each format's ``README.md`` is i
 """
 
 from fastload.formats._base import (
+    DAMAGED_SHARD_REMEDY,
     Format,
     OnError,
     ShardInfo,
@@ -30,6 +31,7 @@ from fastload.formats.manifest import (
 )
 
 __all__ = [
+    "DAMAGED_SHARD_REMEDY",
     "MANIFEST_NAME",
     "Codec",
     "Format",

@@ -32,6 +32,7 @@ from fastload.errors import FormatError, InvalidArgumentError, MissingIndexError
 from fastload.storage import Store
 
 __all__ = [
+    "DAMAGED_SHARD_REMEDY",
     "FORMATS",
     "ErrorPolicy",
     "Format",
@@ -45,6 +46,12 @@ __all__ = [
 log = logging.getLogger("fastload.formats")
 
 OnError = Literal["raise", "skip", "warn"]
+
+#: What to tell a user about a shard whose bytes are damaged, appended to error messages
+#: (``fastload index`` rebuilds indexes and manifests; it cannot repair a shard).
+DAMAGED_SHARD_REMEDY = (
+    "; restore the shard from its source, or re-create the dataset with `fastload convert`"
+)
 _ON_ERROR = ("raise", "skip", "warn")
 
 
@@ -172,6 +179,12 @@ class ShardReader(ABC):
         key: The shard's key.
         on_error: ``raise`` (default), ``skip`` or ``warn`` for corrupt samples.
         index_key: Key of the shard's index; ``None`` means ``key + ".idx"`` if it exists.
+        num_samples: Samples the shard holds according to the dataset manifest, or ``None``
+            (unknown). Readers check their index (or own count) against it before use, so a
+            damaged index or a manifest that lies is reported instead of breaking exactly-once.
+        num_bytes: The shard's size in bytes according to the manifest, or ``None``. A shard
+            found shorter is truncated: readers deliver only the samples that lie wholly within
+            the bytes present and report the rest as corrupt.
     """
 
     #: Whether :meth:`read` / :meth:`__len__` work (needs an index or a native random-access layout).
@@ -184,11 +197,15 @@ class ShardReader(ABC):
         *,
         on_error: OnError = "raise",
         index_key: str | None = None,
+        num_samples: int | None = None,
+        num_bytes: int | None = None,
     ) -> None:
         self.store, self.key = store, key
         self.url = store.child_url(key)
         self.policy = ErrorPolicy(on_error)
         self.index_key = index_key
+        self.expected_samples = num_samples
+        self.expected_bytes = num_bytes
 
     @property
     def skipped(self) -> int:

@@ -31,11 +31,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastload.errors import (
+    InvalidArgumentError,
     ManifestError,
     ObjectNotFoundError,
     UnsupportedManifestVersionError,
 )
-from fastload.formats._base import ShardInfo
+from fastload.formats._base import FORMATS, Format, ShardInfo, get_format
 from fastload.storage import Store
 
 __all__ = [
@@ -45,6 +46,8 @@ __all__ = [
     "ShardEntry",
     "field_type",
     "read_manifest",
+    "unsafe_key_reason",
+    "why_empty",
     "write_manifest",
 ]
 
@@ -195,36 +198,147 @@ class Manifest:
                 f"(up to {MANIFEST_VERSION}); upgrade fastload (pip install -U fastload)",
                 url=url,
             )
+        if not isinstance(doc.get("shards"), list):
+            raise ManifestError(f"manifest has no 'shards' list{_fix(url)}", url=url)
+        shards = [_shard_entry(s, i, url) for i, s in enumerate(doc["shards"])]
+        _check_unique(shards, url)
+        fmt = doc.get("format")
+        if not isinstance(fmt, str) or not fmt:
+            raise ManifestError(
+                f"manifest 'format' must be a format name, got {fmt!r}{_fix(url)}", url=url
+            )
         try:
-            shards = [
-                ShardEntry(
-                    str(s["name"]),
-                    int(s["num_samples"]),
-                    int(s["num_bytes"]),
-                    str(s["sha256"]),
-                    s.get("index"),
-                )
-                for s in doc["shards"]
-            ]
             manifest = cls(
-                format=str(doc["format"]),
+                format=fmt,
                 shards=shards,
                 schema=dict(doc.get("schema", {})),
                 created_by=dict(doc.get("created_by", {})),
                 metadata=dict(doc.get("metadata", {})),
                 version=version,
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (TypeError, ValueError) as exc:
             raise ManifestError(
-                f"manifest is missing or has a malformed field: {exc!r}", url=url
+                f"manifest has a malformed 'schema', 'created_by' or 'metadata' field: {exc}",
+                url=url,
             ) from exc
         if "num_samples" in doc and doc["num_samples"] != manifest.num_samples:
             raise ManifestError(
                 f"manifest says num_samples={doc['num_samples']} but its shards add up to "
-                f"{manifest.num_samples}; rebuild it with `fastload index`",
+                f"{manifest.num_samples}{_fix(url)}",
+                url=url,
+            )
+        if "num_bytes" in doc and doc["num_bytes"] != manifest.num_bytes:
+            raise ManifestError(
+                f"manifest says num_bytes={doc['num_bytes']} but its shards add up to "
+                f"{manifest.num_bytes}{_fix(url)}",
                 url=url,
             )
         return manifest
+
+    def resolve_format(self, *, url: str = "") -> Format:
+        """The :class:`Format` this manifest names.
+
+        Raises:
+            ManifestError: The format is not installed; the message names the manifest and the
+                formats this fastload knows.
+        """
+        try:
+            return get_format(self.format)
+        except InvalidArgumentError as exc:
+            raise ManifestError(
+                f"the manifest names shard format {self.format!r}, which this fastload does not "
+                f"know (known: {', '.join(FORMATS.names())}); the dataset was written by a newer "
+                "fastload or with a format plugin that is not installed here: upgrade fastload "
+                "or install the plugin",
+                url=url,
+            ) from exc
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _fix(url: str) -> str:
+    """The remedy for a damaged manifest at ``url``."""
+    root = url[: -len(MANIFEST_NAME) - 1] if url.endswith("/" + MANIFEST_NAME) else "DATASET"
+    return (
+        "; the manifest was edited or damaged: restore it from a backup, or move it aside and "
+        f"rebuild one from the shards with `fastload index {root}` (its metadata, e.g. class "
+        "names, is then lost)"
+    )
+
+
+def unsafe_key_reason(name: str) -> str | None:
+    """Why ``name`` cannot be a key relative to the dataset root, or ``None`` if it can."""
+    if not name:
+        return "is empty"
+    if "\0" in name:
+        return "contains a NUL character"
+    if name.startswith("/"):
+        return "is an absolute path (shard names are relative to the dataset root)"
+    parts = name.split("/")
+    if ".." in parts or ".." in name.replace("\\", "/").split("/"):
+        return "escapes the dataset root with a '..' segment"
+    if "" in parts or "." in parts:
+        return "has an empty or '.' path segment"
+    return None
+
+
+def _count(value: Any, what: str, i: int, url: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ManifestError(
+            f"shard entry {i} has {what}={value!r}; it must be an integer >= 0{_fix(url)}", url=url
+        )
+    return value
+
+
+def _shard_entry(raw: Any, i: int, url: str) -> ShardEntry:
+    """One validated ``shards[i]`` entry."""
+    if not isinstance(raw, dict):
+        raise ManifestError(f"shard entry {i} is not an object: {raw!r:.80}{_fix(url)}", url=url)
+    for name in ("name", "num_samples", "num_bytes", "sha256"):
+        if name not in raw:
+            raise ManifestError(f"shard entry {i} has no {name!r} field{_fix(url)}", url=url)
+    names = [("name", raw["name"])]
+    if raw.get("index") is not None:
+        names.append(("index", raw["index"]))
+    for what, value in names:
+        if not isinstance(value, str):
+            raise ManifestError(
+                f"shard entry {i} has {what}={value!r}; it must be a string{_fix(url)}", url=url
+            )
+        reason = unsafe_key_reason(value)
+        if reason is not None:
+            raise ManifestError(f"shard entry {i}: {what} {value!r} {reason}{_fix(url)}", url=url)
+    sha = raw["sha256"]
+    if not isinstance(sha, str) or len(sha) != 64 or not _HEX.issuperset(sha):
+        raise ManifestError(
+            f"shard entry {i} ({raw['name']!r}) has sha256={sha!r:.80}; it must be 64 lower-case "
+            f"hex digits{_fix(url)}",
+            url=url,
+        )
+    return ShardEntry(
+        raw["name"],
+        _count(raw["num_samples"], "num_samples", i, url),
+        _count(raw["num_bytes"], "num_bytes", i, url),
+        sha,
+        raw.get("index"),
+    )
+
+
+def _check_unique(shards: list[ShardEntry], url: str) -> None:
+    """Every shard and index key appears once: a repeated shard would deliver its samples twice."""
+    seen: dict[str, int] = {}
+    for i, entry in enumerate(shards):
+        for key in (entry.name, entry.index):
+            if key is None:
+                continue
+            if key in seen:
+                raise ManifestError(
+                    f"shard entries {seen[key]} and {i} both name {key!r}; a shard listed twice "
+                    f"would be read twice per epoch{_fix(url)}",
+                    url=url,
+                )
+            seen[key] = i
 
 
 def _join(prefix: str, name: str) -> str:
@@ -243,9 +357,13 @@ def read_manifest(store: Store, prefix: str = "") -> Manifest:
         text = store.get(key)
     except ObjectNotFoundError as exc:
         url = store.child_url(key)
+        root = store.child_url(prefix) if prefix else store.url
+        missing = why_empty(store, prefix)
+        if missing is not None:
+            raise ObjectNotFoundError(missing, url=root) from exc
         raise ObjectNotFoundError(
             f"no dataset manifest at {url}; create a dataset with `fastload convert`, or index "
-            f"existing shards with `fastload index {store.child_url(prefix) if prefix else store.url}`",
+            f"existing shards with `fastload index {root}`",
             url=url,
         ) from exc
     return Manifest.from_json(text, url=store.child_url(key))
@@ -256,3 +374,47 @@ def write_manifest(store: Store, manifest: Manifest, prefix: str = "") -> str:
     key = _join(prefix, MANIFEST_NAME)
     store.put(key, manifest.to_json().encode("utf-8"))
     return key
+
+
+def _local_root(store: Store) -> str | None:
+    """The local directory behind ``store`` (through wrappers), or ``None`` for remote stores."""
+    seen = 0
+    while store is not None and seen < 8:
+        root = getattr(store, "root", None)
+        if isinstance(root, str) and store.has_local_paths:
+            return root
+        store = getattr(store, "inner", None)  # type: ignore[assignment]
+        seen += 1
+    return None
+
+
+def why_empty(store: Store, prefix: str = "") -> str | None:
+    """Why there is no dataset at all at ``prefix`` of ``store``, or ``None`` if objects are there.
+
+    Tells a path that does not exist and a file given where a directory is expected (a single
+    shard, typically) from a directory that holds no dataset, so that the messages of
+    ``inspect``/``verify``/``index``/``open_dataset`` say what to do instead of pointing at each
+    other.
+    """
+    import os
+
+    root = _local_root(store)
+    if root is not None:
+        path = os.path.join(root, prefix) if prefix else root
+        if os.path.isfile(path):
+            return (
+                f"{path} is a file, not a dataset directory (it may be a single shard): point "
+                f"at the directory that holds the shards (`fastload index {os.path.dirname(path)}` "
+                f"makes a dataset of them), or convert the file with `fastload convert {path} DST`"
+            )
+        if not os.path.exists(path):
+            return f"{path} does not exist; check the path"
+        return None
+    try:
+        empty = next(iter(store.list(prefix)), None) is None
+    except Exception:  # a listing error is reported by the caller's own request
+        return None
+    if empty:
+        url = store.child_url(prefix) if prefix else store.url
+        return f"nothing is stored under {url}; check the bucket and prefix (and endpoint)"
+    return None

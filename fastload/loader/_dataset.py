@@ -14,14 +14,22 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 import torch.utils.data
 
-from fastload.errors import FormatError, InvalidArgumentError
-from fastload.formats import Format, OnError, ShardReader, get_format, read_manifest
+from fastload.errors import CorruptDataError, FormatError, InvalidArgumentError
+from fastload.formats import (
+    DAMAGED_SHARD_REMEDY,
+    MANIFEST_NAME,
+    Format,
+    OnError,
+    ShardReader,
+    get_format,
+    read_manifest,
+)
 from fastload.formats.manifest import Manifest
 from fastload.loader._collate import ToTuple, Transform
 from fastload.loader._order import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW, EpochOrder, check_seed
@@ -106,6 +114,32 @@ def _close_quietly(reader: ShardReader) -> None:
         log.debug("closing reader %s failed: %s", reader.url, exc)
 
 
+def _keeps_field_names(decode: Any) -> bool:
+    """Whether samples reach the ``fields`` selection with the field names of the shards."""
+    from fastload.loader.decode import Decoder
+
+    return decode is None or isinstance(decode, Decoder)
+
+
+def _check_fields(select: ToTuple, manifest: Manifest) -> None:
+    """Refuse, before any worker starts, a ``fields`` selection the dataset cannot satisfy."""
+    known = set(manifest.schema)
+    if not known:  # no schema (e.g. an old or hand-made manifest): nothing to check against
+        return
+    meta = {"__key__", "__url__", "__index__"}
+    for spec, alternatives in zip(select.fields, select._specs, strict=True):
+        if any(name in known or name in meta for name in alternatives):
+            continue
+        import difflib
+
+        close = difflib.get_close_matches(alternatives[0], sorted(known), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise InvalidArgumentError(
+            f"fields=... asks for {spec!r}, but the dataset's samples have the fields "
+            f"{sorted(known)} (and __key__, __url__, __index__){hint}"
+        )
+
+
 class Dataset(torch.utils.data.Dataset[Any]):
     """A fastload dataset: shards listed by a manifest, read through shard readers.
 
@@ -139,7 +173,7 @@ class Dataset(torch.utils.data.Dataset[Any]):
         prefix: str = "",
         shuffle: bool = True,
         seed: int = 0,
-        decode: Callable[[dict[str, Any]], Any] | str | None = None,
+        decode: Callable[[dict[str, Any]], Any] | str | Literal[False] | None = None,
         transform: Transform | None = None,
         fields: Sequence[str] | str | None = None,
         on_error: str = "raise",
@@ -150,6 +184,8 @@ class Dataset(torch.utils.data.Dataset[Any]):
     ) -> None:
         if on_error not in _ON_ERROR:
             raise InvalidArgumentError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
+        if decode is False:  # webdataset users write decode=False for "keep the bytes"
+            decode = None
         if isinstance(decode, str):
             from fastload.loader.decode import Decoder
 
@@ -194,6 +230,8 @@ class Dataset(torch.utils.data.Dataset[Any]):
         if isinstance(fields, str):
             fields = (fields,)
         self.select: ToTuple | None = ToTuple(*fields) if fields is not None else None
+        if self.select is not None and transform is None and _keeps_field_names(decode):
+            _check_fields(self.select, manifest)
         self.on_error: OnError = on_error  # type: ignore[assignment]
         self.max_open_shards = max_open_shards
         self.prefetch_shards = prefetch_shards
@@ -313,6 +351,8 @@ class Dataset(torch.utils.data.Dataset[Any]):
             self.shard_keys[shard],
             on_error=self.on_error,
             index_key=self.index_keys[shard],
+            num_samples=int(self.shard_sizes[shard]),
+            num_bytes=self.manifest.shards[shard].num_bytes,
         )
         slot = _Slot(reader)
         table[shard] = slot
@@ -362,8 +402,16 @@ class Dataset(torch.utils.data.Dataset[Any]):
         while ahead is not None and ahead.get("__index__", pos) < pos:
             ahead = next(it, None)
         slot.cursor = (it, ahead)
+        if ahead is None and self.on_error == "raise":
+            raise CorruptDataError(
+                f"sample {pos} is missing: the dataset manifest says the shard holds "
+                f"{int(self.shard_sizes[shard])} samples, but it ended before sample {pos}; the "
+                f"shard is damaged or the manifest is wrong (check with `fastload verify "
+                f"{self.url}`){DAMAGED_SHARD_REMEDY}",
+                url=self.shard_url(shard),
+            )
         if ahead is None or ahead.get("__index__", pos) != pos:
-            return None  # the reader skipped it as corrupt
+            return None  # the reader skipped it as corrupt (and counted it)
         slot.cursor = (it, next(it, None))
         return ahead
 
@@ -468,7 +516,7 @@ def open_dataset(
     *,
     shuffle: bool = True,
     seed: int = 0,
-    decode: Callable[[dict[str, Any]], Any] | str | None = None,
+    decode: Callable[[dict[str, Any]], Any] | str | Literal[False] | None = None,
     transform: Transform | None = None,
     fields: Sequence[str] | str | None = None,
     on_error: str = "raise",
@@ -488,7 +536,8 @@ def open_dataset(
             is the dataset root.
         shuffle: Shuffle the epoch order (block shuffle with a window, see ``block_size``).
         seed: Non-negative seed of the order; the order is a pure function of (seed, epoch).
-        decode: ``raw sample -> sample``: runs first on each sample (in the worker). The raw
+        decode: ``raw sample -> sample``: runs first on each sample (in the worker). ``None``
+            or ``False`` keeps the bytes. The raw
             sample is ``{"__key__": str, "__url__": shard URL, "__index__": int, field: bytes}``
             plus, in the iterable form, ``"__rng_seed__": (seed, epoch, dataset index)``.
             ``None`` keeps the bytes; a string is an image mode for
@@ -548,8 +597,9 @@ def open_dataset(
                 )
         store = open_store(url, cache_dir=cache_dir, cache_size=cache_size, **options)
     # The manifest decides what the shards are: read it from the store, never from a cache.
-    manifest = read_manifest(store.inner if isinstance(store, CachingStore) else store, "")
-    get_format(manifest.format)  # fail early (with the list of formats) on unknown formats
+    source = store.inner if isinstance(store, CachingStore) else store
+    manifest = read_manifest(source, "")
+    manifest.resolve_format(url=source.child_url(MANIFEST_NAME))  # fail early, naming the manifest
     return Dataset(
         store,
         manifest,

@@ -179,3 +179,102 @@ def test_index_and_convert_unindexed_tfrecords(tmp_path: Path, cv: Any) -> None:
     again = fc.index_dataset(src)
     assert again.indexed == []
     assert len(again.unchanged) == 2
+
+
+def _ungrouped_tree(root: Path) -> Path:
+    """Files of 12 samples (jpg + cls + json) in a directory, as a user would tar them by hand."""
+    src = root / "files"
+    src.mkdir()
+    for i in range(12):
+        (src / f"s{i:02d}.jpg").write_bytes(b"\xff\xd8" + bytes([i]) * 50)
+        (src / f"s{i:02d}.cls").write_text(str(i))
+        (src / f"s{i:02d}.json").write_text(json.dumps({"i": i}))
+    return src
+
+
+def test_index_refuses_a_tar_whose_members_are_not_grouped(tmp_path: Path) -> None:
+    """`tar -cf x.tar -C dir .` lists files in directory order, not by sample: fastload index
+    used to accept it and verify said OK, with 36 one-field fragments instead of 12 samples."""
+    src = _ungrouped_tree(tmp_path)
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    # --sort=none keeps the directory order; make it deterministic and ungrouped by passing the
+    # names in a shuffled order, as the directory order of a real file system would be.
+    names = sorted(p.name for p in src.iterdir())
+    shuffled = names[1::2] + names[0::2]
+    subprocess.run(["tar", "-cf", str(shards / "x.tar"), "-C", str(src), *shuffled], check=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "fastload.cli", "index", str(shards)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "repeat the key of an earlier sample" in result.stderr
+    assert "tar --sort=name" in result.stderr
+    assert not (shards / "fastload.json").exists()
+    assert not (shards / "x.tar.idx").exists()
+    # made the right way, the same files index into 12 samples of 3 fields
+    subprocess.run(
+        ["tar", "--sort=name", "-cf", str(shards / "x.tar"), "-C", str(src), "."], check=True
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "fastload.cli", "index", str(shards)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    manifest = read_manifest(open_store(shards))
+    assert manifest.num_samples == 12
+    assert manifest.schema["json"]["count"] == 12
+    assert "note:" not in result.stdout
+
+
+def test_index_finds_a_sample_split_across_two_shards(tmp_path: Path) -> None:
+    src = _ungrouped_tree(tmp_path)
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    names = sorted(p.name for p in src.iterdir())
+    # s05's json lands in the second shard
+    first = [n for n in names if n < "s05.json"]
+    second = [n for n in names if n >= "s05.json"]
+    subprocess.run(["tar", "-cf", str(shards / "a.tar"), "-C", str(src), *first], check=True)
+    subprocess.run(["tar", "-cf", str(shards / "b.tar"), "-C", str(src), *second], check=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "fastload.cli", "index", str(shards)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "'s05' (sample 5 of" in result.stderr
+    assert "a.tar and sample 0 of" in result.stderr
+
+
+def test_a_shard_file_or_a_wrong_path_gets_an_error_that_says_so(tmp_path: Path) -> None:
+    """These used to send the user between 'no manifest, run fastload index X' and 'no shards
+    found in X'."""
+    src = _ungrouped_tree(tmp_path)
+    shard = tmp_path / "one.tar"
+    subprocess.run(["tar", "--sort=name", "-cf", str(shard), "-C", str(src), "."], check=True)
+    for command in ("inspect", "verify", "index"):
+        result = _cli(command, str(shard))
+        assert result.returncode == 1
+        assert f"{shard} is a file, not a dataset directory" in result.stderr
+        assert f"`fastload index {tmp_path}`" in result.stderr
+        missing = _cli(command, str(tmp_path / "nope"))
+        assert missing.returncode == 1
+        assert f"{tmp_path / 'nope'} does not exist" in missing.stderr
+    # the advice works: the directory indexes into a dataset
+    assert _cli("index", str(tmp_path)).returncode == 0
+
+
+def test_output_into_a_closed_pipe_is_not_an_error(dataset: Path) -> None:
+    """`fastload inspect DS | head` used to die with 'Broken pipe'."""
+    command = f"set -o pipefail; {sys.executable} -m fastload.cli inspect {dataset} | true"
+    result = subprocess.run(
+        ["bash", "-c", command], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""

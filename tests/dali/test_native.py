@@ -132,3 +132,32 @@ def test_plan_arithmetic() -> None:
     assert NativePlan(10, 3, 3, rank=2, epoch=1).slice == (0, 3)
     with pytest.raises(InvalidArgumentError, match="at least one sample per rank"):
         NativePlan(2, 3, 1, rank=0, epoch=0)
+
+
+@pytest.mark.parametrize("fmt", ["webdataset", "tfrecord"])
+def test_damaged_index_or_shard_is_refused_before_dali_reads_it(
+    datasets: dict[str, str], fmt: str, tmp_path: Any
+) -> None:
+    """DALI trusts .idx files: a duplicated line would deliver one sample twice and lose its
+    neighbour. fastload checks each index (and each shard's size) first, naming the file."""
+    import shutil
+    from pathlib import Path
+
+    from fastload.errors import CorruptDataError
+
+    root = tmp_path / "ds"
+    shutil.copytree(datasets[fmt], root)
+    shard = sorted(p for p in root.iterdir() if p.suffix in (".tar", ".tfrecord"))[1]
+    index = Path(str(shard) + ".idx")
+    lines = index.read_bytes().splitlines(keepends=True)
+    lines[3] = lines[2]  # a line repeated over its neighbour, the count unchanged
+    index.write_bytes(b"".join(lines))
+    with pytest.raises(CorruptDataError, match="index") as ei:
+        steps_of(make(str(root), 4))
+    assert shard.name + ".idx" in str(ei.value)
+    shutil.copy(Path(datasets[fmt]) / (shard.name + ".idx"), index)  # index repaired
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size - 700)
+    with pytest.raises(CorruptDataError, match="the dataset manifest says") as ei:
+        steps_of(make(str(root), 4))
+    assert shard.name in str(ei.value)

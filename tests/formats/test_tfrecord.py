@@ -482,8 +482,11 @@ def test_random_access_and_index_problems(backend: str, tmp_path: Path) -> None:
     with pytest.raises(CorruptDataError, match="odd"):
         len(TFRecordReader(store, "s.tfrecord", index_key="odd.idx"))
     store.put("past.idx", b"0 100000\n")
-    with pytest.raises(CorruptDataError, match="past the end"):
+    with pytest.raises(CorruptDataError, match=r"covers bytes \[0, 100000\) but the shard is"):
         TFRecordReader(store, "s.tfrecord", index_key="past.idx").read(0)
+    store.put("gap.idx", b"0 17\n34 17\n")  # a record left out: its sample would be lost
+    with pytest.raises(CorruptDataError, match=r"line 2 .* should start at byte 17"):
+        len(TFRecordReader(store, "s.tfrecord", index_key="gap.idx"))
 
     store.delete("s.tfrecord.idx")
     no_index = TFRecordReader(store, "s.tfrecord")

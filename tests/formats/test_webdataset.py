@@ -698,6 +698,17 @@ def test_explicit_index_key_and_stale_index() -> None:
         (b"v1.2 1\njpg 512 1\n", "multiple of 4"),
         (b"v1.2 1\njpg 100 1 a.jpg\n", "multiples of 512"),
         (b"v1.2 1\njpg 512 999999 a.jpg\n", "reach|points at bytes"),
+        # consistency: reading by the index must deliver every sample of the shard once
+        (b"v1.2 2\njpg 512 1 a.jpg\njpg 512 1 a.jpg\n", "line 3: .* overlaps or precedes"),
+        (b"v1.2 2\njpg 1536 1 b.jpg\njpg 512 1 a.jpg\n", "line 3: .* overlaps or precedes"),
+        (b"v1.2 1\njpg 512 600 a.jpg cls 1024 1 a.cls\n", "overlaps"),
+        (b"v1.2 2\njpg 512 1 a.jpg\ncls 1536 1 a.cls\n", "lines 2 and 3 both hold sample 'a'"),
+        (b"v1.2 1\njpg 512 1 a.jpg cls 1536 1 b.cls\n", "belongs to sample 'b', not to 'a'"),
+        (b"v1.2 1\njpg 512 1 a.jpg jpg 1536 1 a.jpg\n", "repeats field 'jpg'"),
+        (b"v1.2 1\njpg 512 1 ../a.jpg\n", "'..' segment"),
+        (b"v1.2 1\njpg 512 1 /a.jpg\n", "absolute path"),
+        (b"v1.2 1\n__key__ 512 1 a.__key__\n", "reserved field name"),
+        (b"v1.2 1\npng 512 1 a.jpg\n", "does not have field 'png'"),
     ],
 )
 def test_malformed_index(index: bytes, message: str) -> None:
@@ -705,10 +716,52 @@ def test_malformed_index(index: bytes, message: str) -> None:
     _write(store, _samples(1), index=False)
     store.put(KEY + ".idx", index)
     reader = WebDatasetReader(store, KEY)
-    with pytest.raises(FormatError, match=message) as ei:
+    with pytest.raises(CorruptDataError, match=message) as ei:
         len(reader)
     assert "fastload index" in str(ei.value)
     assert KEY + ".idx" in str(ei.value)
+
+
+def test_damaged_index_under_skip_reads_the_shard_headers() -> None:
+    """A damaged index loses nothing under skip: the shard's own headers replace it."""
+    store = MemoryStore("wds-skipidx")
+    _write(store, _samples(4))
+    expected = list(WebDatasetReader(store, KEY))
+    lines = store.get(KEY + ".idx").splitlines(keepends=True)
+    store.put(KEY + ".idx", b"".join([lines[0], lines[1], lines[1], lines[3], lines[4]]))
+    with pytest.raises(CorruptDataError, match="overlaps"):
+        len(WebDatasetReader(store, KEY))
+    reader = WebDatasetReader(store, KEY, on_error="skip", num_samples=4)
+    assert [reader.read(i) for i in range(len(reader))] == expected
+    assert reader.skipped == 0
+
+
+def test_index_count_is_checked_against_the_manifest() -> None:
+    store = MemoryStore("wds-count")
+    _write(store, _samples(3))
+    with pytest.raises(CorruptDataError, match="lists 3 samples, but the dataset manifest says"):
+        len(WebDatasetReader(store, KEY, num_samples=5))
+    reader = WebDatasetReader(store, KEY, on_error="skip", num_samples=5)
+    assert reader.read(2)["__key__"] == "s0002"
+    with pytest.raises(CorruptDataError, match="sample 3 is missing"):
+        reader.read(3)  # the loader counts it as skipped
+    with pytest.raises(IndexError):
+        reader.read(5)
+
+
+def test_truncated_shard_keeps_the_samples_before_the_cut(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    _write(store, _samples(4, size=2000))
+    size = store.size(KEY)
+    jpg2 = parse_index(store.get(KEY + ".idx"))[2][0]
+    store.put(KEY, store.get(KEY)[: jpg2.offset + 10])
+    reader = WebDatasetReader(store, KEY, num_samples=4, num_bytes=size)
+    assert [reader.read(i)["__key__"] for i in range(2)] == ["s0000", "s0001"]
+    for i in (2, 3):
+        with pytest.raises(CorruptDataError, match="truncated") as ei:
+            reader.read(i)
+        assert f"manifest says it has {size} bytes" in str(ei.value)
+        assert "fastload index" not in str(ei.value)
 
 
 def test_v11_index_is_accepted() -> None:

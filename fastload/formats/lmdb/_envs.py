@@ -16,11 +16,17 @@ from typing import Any
 
 import lmdb
 
-__all__ = ["SharedEnv", "acquire", "release"]
+__all__ = ["SharedEnv", "acquire", "open_env", "release"]
 
 
 class SharedEnv:
-    """An open environment, what its validation returned, and one read transaction per thread."""
+    """An open environment, what its opener returned with it, and one read transaction per
+    thread.
+
+    Attributes:
+        env: The ``lmdb.Environment``.
+        info: The opener's second result (closed with the environment if it has ``close()``).
+    """
 
     def __init__(self, env: Any, ident: tuple[int, int], info: Any) -> None:
         self.env, self.ident, self.info = env, ident, info
@@ -30,11 +36,59 @@ class SharedEnv:
         self._local = threading.local()
 
     def txn(self) -> Any:
-        """This thread's read transaction (``buffers=True``: values are views into the map)."""
+        """This thread's read transaction (``buffers=True``: values are views into the map,
+        valid until the transaction ends)."""
         txn = getattr(self._local, "txn", None)
         if txn is None:
             txn = self._local.txn = self.env.begin(buffers=True)
         return txn
+
+    def discard_txn(self) -> None:
+        """End this thread's read transaction; the next :meth:`txn` begins a fresh one.
+
+        Call it after any LMDB error in the transaction: LMDB marks a transaction that met an
+        error as failed and refuses everything later in it (``MDB_BAD_TXN``), so one damaged
+        page would otherwise fail every later read in the thread.
+        """
+        txn = getattr(self._local, "txn", None)
+        self._local.txn = None
+        if txn is not None:
+            try:
+                txn.abort()
+            except lmdb.Error:  # pragma: no cover - aborting a read transaction cannot fail
+                pass
+
+    def close(self) -> None:
+        """Close the environment and the opener's resources (in any process: forked copies are
+        this process's own)."""
+        self.closed = True
+        try:
+            self.env.close()
+        except lmdb.Error:  # pragma: no cover - closing cannot fail in practice
+            pass
+        close = getattr(self.info, "close", None)
+        if close is not None:
+            close()
+
+
+def open_env(path: str, *, readahead: bool) -> Any:
+    """``path`` opened read-only, without a lock file, as one file (``MDB_NOSUBDIR``).
+
+    LMDB reads the two meta pages with ``pread`` and maps the file; it touches no other page
+    until a transaction looks a key up.
+
+    Raises:
+        lmdb.Error: LMDB could not open the file.
+    """
+    return lmdb.open(
+        path,
+        subdir=False,
+        readonly=True,
+        lock=False,
+        readahead=readahead,
+        max_readers=1,
+        max_dbs=0,
+    )
 
 
 _LOCK = threading.Lock()
@@ -48,25 +102,21 @@ def _drop_inherited() -> None:
     if os.getpid() == _PID:
         return
     for entry in _TABLE.values():
-        entry.closed = True
-        try:
-            entry.env.close()
-        except lmdb.Error:  # pragma: no cover - closing a copy cannot fail in practice
-            pass
+        entry.close()
     _TABLE.clear()
     _PID = os.getpid()
 
 
-def acquire(path: str, *, readahead: bool, validate: Callable[[Any], Any]) -> SharedEnv:
-    """Open ``path`` read-only without a lock file, or share this process's open environment.
+def acquire(path: str, *, opener: Callable[[str], tuple[Any, Any]]) -> SharedEnv:
+    """Share this process's open environment of ``path``, or open it with ``opener``.
 
-    ``validate(env)`` runs once per opening; its result is kept as :attr:`SharedEnv.info`, and if
-    it raises, the environment is closed and the exception propagates. ``readahead`` applies when
-    this call opens the file. Every successful call must be matched by :func:`release`.
+    ``opener(path)`` runs once per opening and returns ``(environment, info)``; ``info`` is kept
+    as :attr:`SharedEnv.info`. If it raises, it must have closed what it opened; the exception
+    propagates. Every successful call must be matched by :func:`release`.
 
     Raises:
-        lmdb.Error: LMDB could not open the file.
         OSError: The file cannot be stat'ed.
+        Exception: Whatever ``opener`` raises.
     """
     st = os.stat(path)
     ident = (st.st_dev, st.st_ino)
@@ -76,20 +126,7 @@ def acquire(path: str, *, readahead: bool, validate: Callable[[Any], Any]) -> Sh
         if entry is not None:
             entry.refs += 1
             return entry
-        env = lmdb.open(
-            path,
-            subdir=False,
-            readonly=True,
-            lock=False,
-            readahead=readahead,
-            max_readers=1,
-            max_dbs=0,
-        )
-        try:
-            info = validate(env)
-        except BaseException:
-            env.close()
-            raise
+        env, info = opener(path)
         entry = _TABLE[ident] = SharedEnv(env, ident, info)
         return entry
 
@@ -105,4 +142,4 @@ def release(entry: SharedEnv) -> None:
             entry.closed = True
             if _TABLE.get(entry.ident) is entry:
                 del _TABLE[entry.ident]
-            entry.env.close()
+            entry.close()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import shutil
 import tempfile
 import threading
 import weakref
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,12 +17,19 @@ import msgpack
 
 from fastload.errors import CorruptDataError, FormatError
 from fastload.formats._base import OnError, ShardReader
-from fastload.formats.lmdb._envs import SharedEnv, acquire, release
+from fastload.formats.lmdb._envs import SharedEnv, acquire, open_env, release
 from fastload.formats.lmdb._layout import (
     FORMAT_NAME,
     FORMAT_VERSION,
+    GOOD,
     META_KEY,
+    P_INVALID,
+    FileBytes,
+    MetaPage,
+    PageError,
+    PageMap,
     position_key,
+    read_meta,
 )
 from fastload.storage import Store
 
@@ -34,6 +43,11 @@ _CORRUPT = (
     lmdb.PageNotFoundError,
     lmdb.VersionMismatchError,
 )
+#: What a damaged shard's error tells the user to do. ``fastload index`` cannot help: an LMDB
+#: shard is its own index.
+_REMEDY = "re-create the shard with `fastload convert` or restore it from a copy"
+#: LMDB's longest key (``MDB_MAXKEYSIZE`` of default builds).
+_MAX_KEY = 511
 
 
 def _remove(path: str, owner: int | None = None) -> None:
@@ -44,6 +58,64 @@ def _remove(path: str, owner: int | None = None) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+def _map(path: str) -> FileBytes:
+    """The file mapped read-only (``b""`` when it is empty)."""
+    with open(path, "rb") as file:
+        if os.fstat(file.fileno()).st_size == 0:
+            return b""
+        return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def _map_length(value: Any) -> int:
+    """The entry count in the header of the msgpack map that starts ``value``."""
+    first = value[0]
+    if first & 0xF0 == 0x80:
+        return int(first & 0x0F)
+    width = 2 if first == 0xDE else 4
+    return int.from_bytes(bytes(value[1 : 1 + width]), "big")
+
+
+class _Opened:
+    """One opened shard file: the sample count from its meta key, its page map and the read-only
+    map of the file the page checks read (closed with the environment)."""
+
+    def __init__(self, view: FileBytes, size: int, meta: MetaPage, pages: PageMap) -> None:
+        self.view, self.size, self.meta, self.pages = view, size, meta, pages
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def shrunk(self) -> bool:
+        """Whether the file became shorter than when it was checked (truncated in place while
+        open); if so, the page map is rebuilt for the bytes left, so that no page past the new
+        end is read (which would raise ``SIGBUS``).
+
+        Readers call it before every read (one ``fstat``). It narrows the window, it cannot close
+        it: a truncation between the check and the copy of the value still faults. Shards must
+        be replaced atomically (fastload's writers and stores do), never rewritten in place.
+        """
+        view = self.view
+        if not isinstance(view, mmap.mmap):
+            return False
+        try:
+            size = view.size()  # fstat of the mapped file
+        except (OSError, ValueError):  # closed meanwhile: the caller's next step fails cleanly
+            return False
+        if size >= self.size:
+            return False
+        with self._lock:
+            if size < self.size:
+                truncation = (
+                    f"the shard was truncated to {size} bytes while open (it had {self.size})"
+                )
+                self.pages = PageMap(view, size, self.meta, truncation)
+                self.size = size
+        return True
+
+    def close(self) -> None:
+        if isinstance(self.view, mmap.mmap):
+            self.view.close()
 
 
 class LMDBReader(ShardReader):
@@ -58,25 +130,37 @@ class LMDBReader(ShardReader):
     parent and then in a forked child reopens the file in the child; iterators started before the
     fork must not be continued in the child. Pickling carries the store, key and options, never the
     open environment. Each thread gets its own read transaction, so one reader may be shared by
-    threads.
+    threads; a transaction in which LMDB reported an error is ended and the next read begins a
+    new one.
 
     Samples are ``{"__key__", "__url__", "__index__", field: bytes}``; ``__index__`` is the
-    position in insertion order. Corrupt values, missing reserved keys and files that are not
-    LMDB raise :class:`~fastload.errors.CorruptDataError` naming the shard URL and the sample key;
-    while iterating, the ``skip``/``warn`` policies skip the sample (or, for a shard that cannot be
-    opened, the whole shard) instead. Random access (:meth:`read`, :meth:`get_key`) always raises,
-    as it has no sample to return.
+    position in insertion order.
 
-    LMDB trusts the pages it maps: the reader checks the file header, the version and that the file
-    is as long as its meta page says (a truncated file would otherwise crash the process with
-    SIGBUS), but damage inside pages is only caught by comparing the shard's SHA-256 with the
-    manifest (``fastload verify``).
+    Damage: LMDB trusts the pages it maps, and a damaged page can make it read outside the file
+    (``SIGBUS``) or outside the page. So before LMDB opens the file the reader checks both meta
+    pages and the file's length, and before LMDB looks a key up it checks every page the lookup
+    reads (see :class:`~fastload.formats.lmdb._layout.PageMap` and the package README). A
+    truncated file is read as far as its pages are present. Every damage found, in a page, a
+    node, a reserved key or a value, is a :class:`~fastload.errors.CorruptDataError` naming the
+    shard URL, the sample key (or position) and the byte offset where known; it affects only
+    the samples whose bytes are damaged. While iterating, the ``skip``/``warn`` policies skip
+    exactly those samples (a shard that cannot be opened at all counts as one skip); random
+    access (:meth:`read`, :meth:`get_key`) always raises, as it has no sample to return. Damage
+    inside a value's bytes that still decodes is only caught by comparing the shard's SHA-256
+    with the manifest (``fastload verify``).
+
+    With the manifest's figures (``num_samples``, ``num_bytes``), the reader serves the samples
+    the manifest lists: a shard shorter than the manifest's size is truncated, and a manifest
+    that lists more samples than the shard holds makes each missing position a
+    :class:`~fastload.errors.CorruptDataError` naming both counts.
 
     Args:
         store: Where the shard is.
         key: The shard's key.
         on_error: ``raise`` (default), ``skip`` or ``warn`` for corrupt samples while iterating.
         index_key: Ignored; an LMDB shard is its own index.
+        num_samples: Samples the manifest lists for the shard, or ``None``.
+        num_bytes: The shard's size according to the manifest, or ``None``.
         readahead: Let the OS read ahead in the mapped file. Good for sequential reads of
             a cold file; turn off for random access on shards larger than memory. Applies when
             this reader is the first in the process to open the file.
@@ -91,9 +175,18 @@ class LMDBReader(ShardReader):
         *,
         on_error: OnError = "raise",
         index_key: str | None = None,
+        num_samples: int | None = None,
+        num_bytes: int | None = None,
         readahead: bool = True,
     ) -> None:
-        super().__init__(store, key, on_error=on_error, index_key=None)
+        super().__init__(
+            store,
+            key,
+            on_error=on_error,
+            index_key=None,
+            num_samples=num_samples,
+            num_bytes=num_bytes,
+        )
         self.readahead = readahead
         self._entry: SharedEnv | None = None
         self._release: weakref.finalize[[SharedEnv], None] | None = None
@@ -134,53 +227,92 @@ class LMDBReader(ShardReader):
         weakref.finalize(self, _remove, tmp, os.getpid())
         return tmp
 
-    def _env(self) -> SharedEnv:
-        """This process's shared environment for the shard, opened and validated on first use."""
+    def _open(self) -> tuple[SharedEnv, _Opened]:
+        """This process's shared environment for the shard, opened and checked on first use."""
         entry = self._entry
-        if entry is not None and entry.pid == os.getpid() and not entry.closed:
-            return entry
-        with self._lock:
-            entry = self._entry
-            if entry is not None and entry.pid == os.getpid() and not entry.closed:
-                return entry
-            path = self._local_file()
-            try:
-                entry = acquire(path, readahead=self.readahead, validate=self._validate)
-            except lmdb.Error as exc:
-                corrupt = isinstance(exc, _CORRUPT)
-                cls = CorruptDataError if corrupt else FormatError
-                raise cls(
-                    f"cannot open the shard as an LMDB file ({type(exc).__name__}: {exc})"
-                    + ("; the shard is damaged or not in the lmdb format" if corrupt else ""),
-                    url=self.url,
-                ) from exc
-            self._entry = entry
-            self._release = weakref.finalize(self, release, entry)  # type: ignore[arg-type]
-            return entry
+        if entry is None or entry.pid != os.getpid() or entry.closed:
+            with self._lock:
+                entry = self._entry
+                if entry is None or entry.pid != os.getpid() or entry.closed:
+                    entry = acquire(self._local_file(), opener=self._open_file)
+                    self._entry = entry
+                    self._release = weakref.finalize(self, release, entry)  # type: ignore[arg-type]
+        opened: _Opened = entry.info
+        return entry, opened
 
-    def _validate(self, env: Any) -> int:
-        """Check the file length and the meta key of a freshly opened environment; return the
-        number of samples."""
-        psize: int = env.stat()["psize"]
-        needed = (env.info()["last_pgno"] + 1) * psize
-        size = os.path.getsize(env.path())
-        if size < needed:
+    def _open_file(self, path: str) -> tuple[Any, _Opened]:
+        """Check the file, open it with LMDB and read its meta key (for :func:`acquire`)."""
+        view = _map(path)
+        try:
+            opened = self._check_file(view, len(view))
+            try:
+                env = open_env(path, readahead=self.readahead)
+            except lmdb.Error as exc:
+                problem = f"LMDB cannot open the shard ({type(exc).__name__}: {exc})"
+                if opened.size < opened.meta.needed:  # e.g. no address space for the map
+                    raise CorruptDataError(
+                        f"{problem}: its meta page says it needs {opened.meta.needed} bytes, "
+                        f"it has {opened.size} (truncated, or the meta page is damaged); "
+                        f"{_REMEDY}",
+                        url=self.url,
+                    ) from exc
+                if isinstance(exc, _CORRUPT):
+                    raise CorruptDataError(
+                        f"{problem}; the shard is damaged: {_REMEDY}", url=self.url
+                    ) from exc
+                raise FormatError(problem, url=self.url) from exc
+            try:
+                opened.count = self._read_meta_key(env, opened)
+            except BaseException:
+                env.close()
+                raise
+        except BaseException:
+            if isinstance(view, mmap.mmap):
+                view.close()
+            raise
+        return env, opened
+
+    def _check_file(self, view: FileBytes, size: int) -> _Opened:
+        """The meta pages and the length of the file, before LMDB maps it."""
+        try:
+            meta = read_meta(view, size)
+        except PageError as exc:
             raise CorruptDataError(
-                f"LMDB file is truncated: {size} bytes, but its meta page needs {needed}; "
-                "copy the shard again",
+                f"{exc}: the shard is damaged or not an LMDB file ({size} bytes); {_REMEDY}",
                 url=self.url,
-                offset=size,
-            )
+                offset=exc.offset,
+            ) from exc
+        expected = self.expected_bytes
+        truncation = ""
+        if size < meta.needed or (expected is not None and size < expected):
+            sizes = [f"its meta page needs {meta.needed}"]
+            if expected is not None:
+                sizes.append(f"the manifest says {expected}")
+            truncation = f"the shard is truncated at {size} bytes ({', '.join(sizes)})"
+        return _Opened(view, size, meta, PageMap(view, size, meta, truncation))
+
+    def _read_meta_key(self, env: Any, opened: _Opened) -> int:
+        """The sample count from the meta key, checked."""
         with env.begin(buffers=False) as txn:
-            raw = txn.get(META_KEY)
-        if raw is None:
+            raw = self._lookup(None, txn, opened, META_KEY, key=META_KEY.decode())
+            raw = None if raw is None else bytes(raw)
+        if raw is not None:
+            return self._parse_meta(raw)
+        meta = opened.meta
+        if meta.root == P_INVALID and meta.other_entries:
             raise CorruptDataError(
-                f"LMDB file has no reserved key {META_KEY!r}: not a fastload LMDB shard "
-                "(see fastload/formats/lmdb/README.md)",
+                f"meta page {meta.number}, which LMDB uses, describes an empty database, while "
+                f"the other meta page lists {meta.other_entries} entries: a meta page is damaged; "
+                f"{_REMEDY}",
                 url=self.url,
-                key=META_KEY.decode(),
+                offset=meta.number * meta.psize,
             )
-        return self._parse_meta(raw)
+        raise CorruptDataError(
+            f"LMDB file has no reserved key {META_KEY!r}: not a fastload LMDB shard "
+            f"(see fastload/formats/lmdb/README.md); {_REMEDY}",
+            url=self.url,
+            key=META_KEY.decode(),
+        )
 
     def _parse_meta(self, raw: bytes) -> int:
         url, key = self.url, META_KEY.decode()
@@ -188,16 +320,27 @@ class LMDBReader(ShardReader):
             meta = msgpack.unpackb(raw, raw=False)
         except Exception as exc:
             raise CorruptDataError(
-                f"meta value is not valid msgpack ({exc})", url=url, key=key
+                f"meta value is not valid msgpack ({type(exc).__name__}: {exc}); {_REMEDY}",
+                url=url,
+                key=key,
             ) from exc
         if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
             raise CorruptDataError(
-                f"meta value is not a {FORMAT_NAME!r} map: {meta!r:.200}", url=url, key=key
+                f"meta value is not a {FORMAT_NAME!r} map: {meta!r:.200}; {_REMEDY}",
+                url=url,
+                key=key,
             )
         version, count = meta.get("version"), meta.get("num_samples")
-        if not isinstance(version, int) or not isinstance(count, int) or count < 0:
+        if (
+            type(version) is not int
+            or type(count) is not int
+            or count < 0
+            or count >= 1 << 48  # more entries than an LMDB file can hold
+        ):
             raise CorruptDataError(
-                f"meta value has no valid version/num_samples: {meta}", url=url, key=key
+                f"meta value has no valid version/num_samples: {meta!r:.200}; {_REMEDY}",
+                url=url,
+                key=key,
             )
         if version > FORMAT_VERSION:
             raise FormatError(
@@ -208,94 +351,193 @@ class LMDBReader(ShardReader):
             )
         return count
 
-    def _txn(self) -> tuple[int, Any]:
-        entry = self._env()
-        return entry.info, entry.txn()
+    # ---- lookups and decoding -----------------------------------------------------------------
 
-    # ---- decoding -----------------------------------------------------------------------------
+    def _corrupt(
+        self,
+        problem: str,
+        *,
+        key: str | None = None,
+        position: int | None = None,
+        offset: int | None = None,
+    ) -> CorruptDataError:
+        where = "" if position is None else f"sample at position {position}: "
+        return CorruptDataError(
+            f"{where}{problem}; {_REMEDY}", url=self.url, key=key, offset=offset
+        )
 
-    def _sample(self, txn: Any, position: int, kbytes: Any) -> dict[str, Any]:
+    def _lookup(
+        self,
+        entry: SharedEnv | None,
+        txn: Any,
+        opened: _Opened,
+        kbytes: bytes,
+        *,
+        key: str | None = None,
+        position: int | None = None,
+    ) -> Any:
+        """The value stored under ``kbytes`` (a view valid while ``txn`` lives), or ``None``.
+
+        The pages the lookup reads are checked first. After an LMDB error the thread's
+        transaction of ``entry`` is discarded, so that the next read starts a fresh one.
+
+        Raises:
+            CorruptDataError: A page or node on the way is damaged, or LMDB failed.
+        """
+        pages = opened.pages
         try:
-            key = bytes(kbytes).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise CorruptDataError(
-                f"position entry {position} holds a key that is not UTF-8: {bytes(kbytes)!r:.80}",
-                url=self.url,
+            # The common case inline: the leaf page was checked and no node on any page is bad.
+            i = bisect_right(pages.lows, kbytes) - 1
+            if (i < 0 or pages.state[i] != GOOD or pages.bad_nodes) and not pages.check(kbytes):
+                return None
+            return txn.get(kbytes)
+        except PageError as exc:
+            raise self._corrupt(str(exc), key=key, position=position, offset=exc.offset) from exc
+        except lmdb.Error as exc:
+            if entry is not None:
+                entry.discard_txn()
+            raise self._corrupt(
+                f"LMDB failed to read it ({type(exc).__name__}: {exc})", key=key, position=position
             ) from exc
-        value = txn.get(kbytes)
+
+    def _sample_key(self, kbytes: bytes, position: int) -> str:
+        """The sample key a position entry names, checked."""
+        try:
+            key = kbytes.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise self._corrupt(
+                f"its position entry holds a key that is not UTF-8: {kbytes!r:.80}",
+                position=position,
+            ) from exc
+        if not kbytes or kbytes[0] == 0 or len(kbytes) > _MAX_KEY:  # empty, reserved, too long
+            raise self._corrupt(
+                f"its position entry holds an impossible sample key {kbytes!r:.80}",
+                position=position,
+            )
+        return key
+
+    def _missing(self, opened: _Opened, position: int) -> CorruptDataError:
+        return self._corrupt(
+            f"the manifest lists {self.expected_samples} samples for this shard, but the "
+            f"shard holds {opened.count}, so this sample is missing (the shard or the "
+            "manifest was replaced or damaged)",
+            position=position,
+        )
+
+    def _read(
+        self, entry: SharedEnv, opened: _Opened, position: int, kbytes: bytes | None = None
+    ) -> dict[str, Any]:
+        """The sample at ``position`` (within the manifest's count), whose key is ``kbytes``
+        when the caller read its position entry already."""
+        if position >= opened.count:
+            raise self._missing(opened, position)
+        txn = entry.txn()
+        if kbytes is None:
+            found = self._lookup(entry, txn, opened, position_key(position), position=position)
+            if found is None:
+                raise self._corrupt("its reserved position entry is missing", position=position)
+            kbytes = bytes(found)
+        key = self._sample_key(kbytes, position)
+        value = self._lookup(entry, txn, opened, kbytes, key=key, position=position)
         if value is None:
-            raise CorruptDataError(
-                f"position {position} names a sample that is not in the shard",
-                url=self.url,
+            raise self._corrupt(
+                "its position entry names a sample that is not in the shard",
                 key=key,
+                position=position,
             )
         return self._decode(key, position, value)
 
+    def _positions(self, opened: _Opened, position: int) -> tuple[int, list[bytes | None]]:
+        """The position entries on the page that holds ``position``'s: ``(first, keys)``,
+        where ``keys[j]`` is the sample key at position ``first + j`` (``None`` where the
+        entry is missing or malformed, so that reading it by position reports why).
+
+        Raises:
+            PageError: The page is damaged or missing.
+        """
+        keys, values = opened.pages.run(position_key(position))
+        lo = bisect_left(keys, position_key(position))
+        out: list[bytes | None] = []
+        for j in range(lo, len(keys)):
+            if keys[j] != position_key(position + len(out)):
+                break
+            out.append(values[j])
+        return position, out
+
     def _decode(self, key: str, position: int, value: Any) -> dict[str, Any]:
+        at = None if position < 0 else position
         try:
             fields = msgpack.unpackb(value, raw=False)
         except Exception as exc:
-            raise CorruptDataError(
+            raise self._corrupt(
                 f"sample value is not valid msgpack ({type(exc).__name__}: {exc})",
-                url=self.url,
                 key=key,
+                position=at,
             ) from exc
         if not isinstance(fields, dict):
-            raise CorruptDataError(
+            raise self._corrupt(
                 f"sample value is a msgpack {type(fields).__name__}, expected a map of fields",
-                url=self.url,
                 key=key,
+                position=at,
             )
+        head = value[0]
+        if len(fields) != (head & 0x0F if head & 0xF0 == 0x80 else _map_length(value)):
+            raise self._corrupt("sample value repeats a field name", key=key, position=at)
         sample: dict[str, Any] = {"__key__": key, "__url__": self.url, "__index__": position}
         for name, data in fields.items():
-            if type(data) is not bytes or not isinstance(name, str) or name.startswith("__"):
-                raise CorruptDataError(
-                    f"sample field {name!r} is not a str name with a bytes value",
-                    url=self.url,
+            if (
+                type(data) is not bytes
+                or type(name) is not str
+                or not name
+                or name[0] == "_" == name[1:2]
+            ):
+                raise self._corrupt(
+                    f"sample field {name!r:.80} is not a str name with a bytes value",
                     key=key,
+                    position=at,
                 )
             sample[name] = data
         return sample
 
-    def _position_entry(self, txn: Any, position: int) -> Any:
-        kbytes = txn.get(position_key(position))
-        if kbytes is None:
-            raise CorruptDataError(
-                f"reserved position key for sample {position} is missing", url=self.url
-            )
-        return kbytes
+    def _count(self, opened: _Opened) -> int:
+        """Samples served: the manifest's count when known, else the shard's own."""
+        return opened.count if self.expected_samples is None else self.expected_samples
 
     # ---- public API ---------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        """Number of samples, from the shard's meta key (0 for a shard that cannot be opened
-        under the ``skip``/``warn`` policies).
+        """Number of samples: the manifest's count when the reader was given it, else the one
+        in the shard's meta key (0 for a shard that cannot be opened under the ``skip``/``warn``
+        policies).
 
         Raises:
             CorruptDataError: Under ``raise``, the shard cannot be opened.
         """
         try:
-            n: int = self._env().info
+            _, opened = self._open()
         except CorruptDataError:
             # ``list(reader)`` asks for the length first; under skip/warn an unreadable shard
             # has no samples, and iterating it counts the skip.
             if self.policy.on_error == "raise":
                 raise
             return 0
-        return n
+        return self._count(opened)
 
     def read(self, i: int) -> dict[str, Any]:
         """The sample at position ``i`` (insertion order; negative counts from the end).
 
         Raises:
             IndexError: ``i`` is out of range.
-            CorruptDataError: The shard or the sample is damaged.
+            CorruptDataError: The shard or the sample is damaged, or the manifest lists more
+                samples than the shard holds and ``i`` is one of the missing ones.
         """
-        n, txn = self._txn()
+        entry, opened = self._open()
+        n = self._count(opened)
         position = i + n if i < 0 else i
         if not 0 <= position < n:
             raise IndexError(f"sample position {i} out of range for {self.url} ({n} samples)")
-        return self._sample(txn, position, self._position_entry(txn, position))
+        opened.shrunk()
+        return self._read(entry, opened, position)
 
     def get_key(self, key: str) -> dict[str, Any]:
         """The sample whose ``__key__`` is ``key``; its ``__index__`` is ``-1`` (looking up the
@@ -305,9 +547,12 @@ class LMDBReader(ShardReader):
             KeyError: No sample has this key.
             CorruptDataError: The shard or the sample is damaged.
         """
-        _, txn = self._txn()
-        kbytes = key.encode("utf-8")
-        value = txn.get(kbytes) if kbytes and not kbytes.startswith(b"\x00") else None
+        entry, opened = self._open()
+        opened.shrunk()
+        kbytes = key.encode("utf-8", "surrogatepass")
+        value = None
+        if kbytes and not kbytes.startswith(b"\x00") and len(kbytes) <= _MAX_KEY:
+            value = self._lookup(entry, entry.txn(), opened, kbytes, key=key)
         if value is None:
             raise KeyError(f"no sample with key {key!r} in {self.url}")
         return self._decode(key, -1, value)
@@ -317,35 +562,48 @@ class LMDBReader(ShardReader):
         return self.iter_from(0)
 
     def iter_from(self, start: int) -> Iterator[dict[str, Any]]:
-        """Yield samples from position ``start`` on, in insertion order (seeks directly)."""
+        """Yield samples from position ``start`` on, in insertion order (seeks directly).
+
+        Position entries are read a leaf page at a time and each sample is then looked up by
+        its key, so damage anywhere loses only the samples whose own bytes (their position
+        entry, the pages on the way, their value) are damaged.
+        """
         try:
-            n, txn = self._txn()
+            entry, opened = self._open()
         except CorruptDataError as exc:
             self.policy.handle(exc)
             return
+        total = self._count(opened)
         position = max(start, 0)
-        if position >= n:
-            return
-        cursor = txn.cursor()
-        found = cursor.set_key(position_key(position))
-        while position < n:
+        first = position
+        run: list[bytes | None] = []  # sample keys at positions first, first + 1, ...
+        while position < total:
+            if opened.shrunk():
+                run = []  # read the position entries again, through the new page map
+            if not position - first < len(run):
+                run = []
+                if position < opened.count:
+                    try:
+                        first, run = self._positions(opened, position)
+                    except PageError:
+                        pass  # reading by position reports the damage for each sample
+            kbytes = run[position - first] if position - first < len(run) else None
             try:
-                if not found or cursor.key() != position_key(position):
-                    found = cursor.set_key(position_key(position))
-                    if not found:
-                        raise CorruptDataError(
-                            f"reserved position key for sample {position} is missing",
-                            url=self.url,
-                        )
-                sample = self._sample(txn, position, cursor.value())
+                sample = self._read(entry, opened, position, kbytes)
             except CorruptDataError as exc:
                 self.policy.handle(exc)
-                position += 1
-                found = cursor.next()
-                continue
-            yield sample
+            else:
+                yield sample
             position += 1
-            found = cursor.next()
+        if opened.count > total and start <= total:
+            self.policy.handle(
+                CorruptDataError(
+                    f"the shard holds {opened.count} samples, but the manifest lists {total}: "
+                    f"the last {opened.count - total} are not read (the shard or the manifest "
+                    f"was replaced or damaged); {_REMEDY}",
+                    url=self.url,
+                )
+            )
 
     def close(self) -> None:
         """Release the shared environment and remove a downloaded temporary copy (in the process

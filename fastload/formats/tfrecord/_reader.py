@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import mmap
 import os
 import posixpath
@@ -10,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 from fastload.errors import CorruptDataError, FormatError, MissingIndexError, ObjectNotFoundError
-from fastload.formats._base import OnError, ShardReader
+from fastload.formats._base import DAMAGED_SHARD_REMEDY, OnError, ShardReader
 from fastload.formats._mmap import local_file, map_file
 from fastload.formats.tfrecord._compression import (
     InflateReader,
@@ -25,10 +26,12 @@ from fastload.formats.tfrecord._example import (
     decode_runtime,
 )
 from fastload.formats.tfrecord._framing import HEADER, HEADER_SIZE, U32LE, crc32c, mask, masked_crc
-from fastload.formats.tfrecord._index import RecordIndex, parse_index
+from fastload.formats.tfrecord._index import RecordIndex, parse_index, scan_index
 from fastload.storage import ByteRange, Store
 
 __all__ = ["TFRecordReader"]
+
+log = logging.getLogger("fastload.formats")
 
 #: Payloads longer than this are read in pieces of this size (guards against absurd lengths
 #: when CRCs are not verified).
@@ -136,11 +139,20 @@ class TFRecordReader(ShardReader):
         *,
         on_error: OnError = "raise",
         index_key: str | None = None,
+        num_samples: int | None = None,
+        num_bytes: int | None = None,
         verify: bool = True,
         compression: str | None = "auto",
         chunk_size: int = 0,
     ) -> None:
-        super().__init__(store, key, on_error=on_error, index_key=index_key)
+        super().__init__(
+            store,
+            key,
+            on_error=on_error,
+            index_key=index_key,
+            num_samples=num_samples,
+            num_bytes=num_bytes,
+        )
         self.verify = verify
         self.compression = normalize_compression(compression, allow_auto=True)
         self.chunk_size = chunk_size
@@ -150,6 +162,7 @@ class TFRecordReader(ShardReader):
         self._stem = default_stem(key)
         self._map: mmap.mmap | bytes | None = None  # this process's map of a local shard
         self._map_tried = False
+        self._size = -1  # the shard's size when the index was loaded
 
     # ---- streaming ------------------------------------------------------------------------------
 
@@ -378,11 +391,44 @@ class TFRecordReader(ShardReader):
                     "by iterating)"
                 )
             else:
-                self._index = parse_index(text, url=self.store.child_url(index_key))
+                self._size = size
+                self._index = self._checked_index(text, self.store.child_url(index_key), size)
             self._index_loaded = True
         if self._index is None:
             raise MissingIndexError(self._no_access, url=self.url)
         return self._index
+
+    def _checked_index(self, text: bytes, iurl: str, size: int) -> RecordIndex:
+        """Parse the index and check it against the shard and the manifest; under ``skip`` and
+        ``warn`` a damaged index is replaced by one read from the shard's record headers."""
+        # A shard shorter than the manifest says is truncated: the index still describes the
+        # whole shard, and read() reports the records past the cut one by one.
+        bound = size if self.expected_bytes is None else max(size, self.expected_bytes)
+        try:
+            index = parse_index(text, url=iurl, shard_size=bound)
+            if self.expected_samples is not None and len(index) != self.expected_samples:
+                raise CorruptDataError(
+                    f"index {iurl} lists {len(index)} records, but the dataset manifest says "
+                    f"shard {self.url} holds {self.expected_samples}; the index is damaged or "
+                    "stale (rebuild it with `fastload index`), or the manifest is (check both "
+                    "with `fastload verify`)",
+                    url=iurl,
+                )
+        except CorruptDataError as exc:
+            if self.policy.on_error == "raise":
+                raise
+            log.warning(
+                "%s; reading the record headers of %s instead (rebuild the index with "
+                "`fastload index` to avoid this)",
+                exc,
+                self.url,
+            )
+            index, _damage = scan_index(self.store, self.key)
+            if self.expected_samples is not None and len(index) > self.expected_samples:
+                index = RecordIndex(
+                    index.offsets[: self.expected_samples], index.sizes[: self.expected_samples]
+                )
+        return index
 
     def __len__(self) -> int:
         """Number of records, from the index.
@@ -409,9 +455,31 @@ class TFRecordReader(ShardReader):
         index = self._load_index()
         n = len(index)
         if not -n <= i < n:
+            if self.expected_samples is not None and n <= i < self.expected_samples:
+                raise CorruptDataError(
+                    f"record {i} is missing: the dataset manifest says the shard holds "
+                    f"{self.expected_samples} records, but only {n} could be found in it; the "
+                    "shard is damaged or the manifest is wrong (check with `fastload verify`)"
+                    f"{DAMAGED_SHARD_REMEDY}",
+                    url=self.url,
+                )
             raise IndexError(f"record {i} out of range: {self.url} has {n} records")
         i %= n
         offset, size = index.offsets[i], index.sizes[i]
+        if offset + size > self._size:
+            raise CorruptDataError(
+                f"record {i} lies at bytes [{offset}, {offset + size}) but the shard ends at "
+                f"byte {self._size}"
+                + (
+                    f" (the manifest says it has {self.expected_bytes} bytes): the shard is "
+                    f"truncated{DAMAGED_SHARD_REMEDY}"
+                    if self.expected_bytes is not None and self._size < self.expected_bytes
+                    else "; the shard is truncated, or the index belongs to another version of "
+                    "it (check with `fastload verify`)"
+                ),
+                url=self.url,
+                offset=self._size,
+            )
         buf: Buffer
         view = self._local_map()
         if view is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from fastload.errors import FormatError
+from fastload.errors import CorruptDataError, FormatError
 from fastload.formats.webdataset._source import open_shard
 from fastload.formats.webdataset._tar import (
     BLOCK,
@@ -27,7 +27,14 @@ from fastload.formats.webdataset._tar import (
 )
 from fastload.storage import Store
 
-__all__ = ["Component", "build_index", "format_index", "has_index_whitespace", "parse_index"]
+__all__ = [
+    "Component",
+    "build_index",
+    "format_index",
+    "has_index_whitespace",
+    "member_problem",
+    "parse_index",
+]
 
 INDEX_VERSION = "v1.2"
 _ASCII_WHITESPACE = frozenset(" \t\n\v\f\r")
@@ -64,7 +71,14 @@ def format_index(samples: Iterable[Sequence[Component]]) -> bytes:
 def parse_index(
     data: bytes, *, url: str = "", shard_size: int | None = None
 ) -> list[list[Component]]:
-    """Parse a ``v1.2`` (or ``v1.1``) WebDataset index.
+    """Parse a ``v1.2`` (or ``v1.1``) WebDataset index and check that it can describe a shard.
+
+    Besides the syntax, the index must be consistent with itself, so that reading by it delivers
+    every sample of the shard once: components lie in increasing byte order without overlapping
+    (each member's 512-byte header lies after the previous member's data), and, for ``v1.2``
+    lines, which name their members, the components of a line share one sample key, their fields
+    differ, the field matches the name, and two consecutive lines have different keys (a reader
+    would group them into one sample). A duplicated, reordered or spliced line fails here.
 
     Args:
         data: The index file's bytes.
@@ -72,18 +86,19 @@ def parse_index(
         shard_size: If given, every component must lie within a shard of this many bytes.
 
     Raises:
-        FormatError: The index is malformed, has another version, or its sample count line
-            disagrees with its lines; the message says to rebuild it with ``fastload index``.
+        CorruptDataError: The index is malformed, has another version, its sample count line
+            disagrees with its lines, or it is inconsistent as above; the message names the
+            line and says to rebuild it with ``fastload index``.
     """
-    fix = "; rebuild it with `fastload index`"
+    fix = "; the index is damaged or stale: rebuild it with `fastload index`"
     lines = data.split(b"\n")
     while lines and not lines[-1].strip():
         lines.pop()
     if not lines:
-        raise FormatError(f"WebDataset index is empty{fix}", url=url)
+        raise CorruptDataError(f"WebDataset index is empty{fix}", url=url)
     head = lines[0].split()
     if len(head) != 2 or head[0] not in (b"v1.1", b"v1.2") or not head[1].isdigit():
-        raise FormatError(
+        raise CorruptDataError(
             f"WebDataset index header {lines[0][:40]!r} is not 'v1.2 <num_samples>' "
             f"(or 'v1.1 <num_samples>'){fix}",
             url=url,
@@ -91,45 +106,105 @@ def parse_index(
     per = 4 if head[0] == b"v1.2" else 3
     count = int(head[1])
     if count != len(lines) - 1:
-        raise FormatError(
+        raise CorruptDataError(
             f"WebDataset index declares {count} samples but has {len(lines) - 1} sample lines{fix}",
             url=url,
         )
     out: list[list[Component]] = []
+    end = 0  # where the previous member's data ends, padded to a block
+    previous_key: str | None = None
     for lineno, line in enumerate(lines[1:], start=2):
         tokens = line.split()
         if not tokens or len(tokens) % per:
-            raise FormatError(
+            raise CorruptDataError(
                 f"WebDataset index line {lineno} has {len(tokens)} fields, expected a multiple of "
                 f"{per} (<ext> <offset> <size>{' <name>' if per == 4 else ''}){fix}",
                 url=url,
             )
-        comps = []
+        comps: list[Component] = []
+        key: str | None = None
         for j in range(0, len(tokens), per):
             try:
                 offset, size = int(tokens[j + 1]), int(tokens[j + 2])
             except ValueError:
                 offset = size = -1
             if offset < BLOCK or size < 0 or offset % BLOCK:
-                raise FormatError(
+                raise CorruptDataError(
                     f"WebDataset index line {lineno}: component {j // per} has offset "
-                    f"{tokens[j + 1]!r} and size {tokens[j + 2]!r}; offsets are positive multiples "
-                    f"of 512 and sizes non-negative{fix}",
+                    f"{tokens[j + 1]!r:.40} and size {tokens[j + 2]!r:.40}; offsets are positive "
+                    f"multiples of 512 and sizes non-negative{fix}",
+                    url=url,
+                )
+            if offset - BLOCK < end:
+                raise CorruptDataError(
+                    f"WebDataset index line {lineno}: component {j // per} at byte offset "
+                    f"{offset} overlaps or precedes the member before it (which ends at byte "
+                    f"{end}); index lines must follow the shard's member order{fix}",
                     url=url,
                 )
             if shard_size is not None and offset + size > shard_size:
-                raise FormatError(
+                raise CorruptDataError(
                     f"WebDataset index line {lineno} points at bytes [{offset}, {offset + size}) "
                     f"but the shard is {shard_size} bytes long; the index belongs to another "
                     f"version of the shard{fix}",
                     url=url,
                 )
+            end = offset + size + (-size % BLOCK)
+            ext = tokens[j].decode("utf-8", "surrogateescape")
             name = tokens[j + 3].decode("utf-8", "surrogateescape") if per == 4 else ""
-            comps.append(
-                Component(tokens[j].decode("utf-8", "surrogateescape"), offset, size, name)
+            if name:
+                problem = _name_problem(name, ext, key, comps)
+                if problem:
+                    raise CorruptDataError(
+                        f"WebDataset index line {lineno}: member {name!r} {problem}; either the "
+                        "index is damaged (rebuild it with `fastload index`) or the shard holds "
+                        "such a member and cannot be used as it is (`fastload verify` tells which)",
+                        url=url,
+                    )
+                key = name[: len(name) - len(ext) - 1]
+            comps.append(Component(ext, offset, size, name))
+        if key is not None and key == previous_key:
+            raise CorruptDataError(
+                f"WebDataset index lines {lineno - 1} and {lineno} both hold sample {key!r}; "
+                f"consecutive members of one sample belong on one line{fix}",
+                url=url,
             )
+        previous_key = key
         out.append(comps)
     return out
+
+
+def member_problem(name: str, field: str) -> str | None:
+    """Why a regular-file member named ``name`` with field ``field`` cannot be part of a sample,
+    or ``None``. One rule for every read path (streaming, indexed, ``fastload index``): the path
+    must be relative and stay inside the archive, and the field must not be in the ``__``
+    namespace of sample metadata (``__key__``, ``__url__``, ...)."""
+    reason = unsafe_name_reason(name)
+    if reason is not None:
+        return f"{reason}; refusing it as unsafe"
+    if not field:
+        return "has an empty field name (it ends with '.')"
+    if field.startswith("__"):
+        return (
+            f"uses the reserved field name {field!r} (fields starting with '__' are sample "
+            "metadata such as __key__)"
+        )
+    return None
+
+
+def _name_problem(name: str, ext: str, key: str | None, comps: list[Component]) -> str:
+    """What is wrong with an index component's member name, or ``""``."""
+    split = split_member_name(name)
+    if split is None or split[1] != ext:
+        return f"does not have field {ext!r}"
+    problem = member_problem(name, ext)
+    if problem is not None:
+        return problem
+    if key is not None and split[0] != key:
+        return f"belongs to sample {split[0]!r}, not to {key!r} as the line's first member"
+    if any(c.ext == ext for c in comps):
+        return f"repeats field {ext!r} in one sample"
+    return ""
 
 
 def index_components(shard: ShardView, url: str) -> list[list[Component]]:
@@ -158,9 +233,9 @@ def index_components(shard: ShardView, url: str) -> list[list[Component]]:
         split = split_member_name(name)
         if split is None:
             continue
-        reason = unsafe_name_reason(name)
-        if reason is not None:
-            raise FormatError(f"member name {name!r} {reason}", url=url, offset=header_offset)
+        problem = member_problem(name, split[1])
+        if problem is not None:
+            raise FormatError(f"member {name!r} {problem}", url=url, offset=header_offset)
         if has_index_whitespace(name):
             raise FormatError(
                 f"member name {name!r} contains whitespace, which DALI's index format cannot "
@@ -173,6 +248,13 @@ def index_components(shard: ShardView, url: str) -> list[list[Component]]:
         if key != last:
             samples.append([comp])
             last = key
+        elif any(c.ext == ext for c in samples[-1]):
+            raise FormatError(
+                f"field {ext!r} appears twice in sample {key!r} (member {name!r}); each "
+                "sample's members must have distinct extensions",
+                url=url,
+                offset=header_offset,
+            )
         else:
             samples[-1].append(comp)
     return samples

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import mmap
 from collections.abc import Iterator
 from typing import Any
 
 from fastload.errors import CorruptDataError, FormatError, MissingIndexError, ObjectNotFoundError
-from fastload.formats._base import OnError, ShardReader
+from fastload.formats._base import DAMAGED_SHARD_REMEDY, OnError, ShardReader
 from fastload.formats._mmap import local_file, map_file
 from fastload.formats.webdataset._source import open_shard
 from fastload.formats.webdataset._tar import (
@@ -21,14 +22,13 @@ from fastload.formats.webdataset._tar import (
     parse_octal,
     scan,
     split_member_name,
-    unsafe_name_reason,
 )
-from fastload.formats.webdataset.index import Component, parse_index
+from fastload.formats.webdataset.index import Component, member_problem, parse_index
 from fastload.storage import ByteRange, Store
 
 __all__ = ["WebDatasetReader"]
 
-_META = ("__key__", "__url__", "__index__")
+log = logging.getLogger("fastload.formats")
 
 
 class WebDatasetReader(ShardReader):
@@ -72,18 +72,30 @@ class WebDatasetReader(ShardReader):
         *,
         on_error: OnError = "raise",
         index_key: str | None = None,
+        num_samples: int | None = None,
+        num_bytes: int | None = None,
     ) -> None:
-        super().__init__(store, key, on_error=on_error, index_key=index_key)
+        super().__init__(
+            store,
+            key,
+            on_error=on_error,
+            index_key=index_key,
+            num_samples=num_samples,
+            num_bytes=num_bytes,
+        )
         self._index: list[list[Component]] | None = None
         self._index_loaded = False
         self._map: ShardView | None = None  # this process's map of a local shard, for read()
         self._map_tried = False
+        self._size = -1  # the shard's size when the index was loaded
+        self._names_checked = True  # parse_index checked the member names of the index
 
     def __getstate__(self) -> dict[str, Any]:
         # Workers reload the index and map the shard lazily instead of receiving copies.
         state = self.__dict__.copy()
         state["_index"], state["_index_loaded"] = None, False
         state["_map"], state["_map_tried"] = None, False
+        state["_names_checked"] = True
         return state
 
     def close(self) -> None:
@@ -110,9 +122,60 @@ class WebDatasetReader(ShardReader):
                 ) from None
             self._index, self._index_loaded = None, True
             return None
-        self._index = parse_index(data, url=iurl, shard_size=self.store.size(self.key))
-        self._index_loaded = True
-        return self._index
+        self._size = size = self.store.size(self.key)
+        # A shard shorter than the manifest says is truncated: its index still describes the
+        # whole shard, and read() reports the samples past the cut one by one.
+        bound = size if self.expected_bytes is None else max(size, self.expected_bytes)
+        try:
+            index = parse_index(data, url=iurl, shard_size=bound)
+            if self.expected_samples is not None and len(index) != self.expected_samples:
+                raise CorruptDataError(
+                    f"index {iurl} lists {len(index)} samples, but the dataset manifest says "
+                    f"shard {self.url} holds {self.expected_samples}; the index is damaged or "
+                    "stale (rebuild it with `fastload index`), or the manifest is (check both "
+                    "with `fastload verify`)",
+                    url=iurl,
+                )
+        except CorruptDataError as exc:
+            if self.policy.on_error == "raise":
+                raise
+            index = self._scan_index(exc)
+            self._names_checked = False  # read() checks each sample's names as it reads it
+        self._index, self._index_loaded = index, True
+        return index
+
+    def _scan_index(self, damage: CorruptDataError) -> list[list[Component]]:
+        """An index built from the shard's own headers, replacing a damaged index file.
+
+        Used under ``skip``/``warn``: the shard is intact, so its samples are kept. The scan stops
+        at the first damage in the shard itself (the samples after it are then reported missing
+        one by one by :meth:`read`).
+        """
+        log.warning(
+            "%s; reading the member headers of %s instead (rebuild the index with `fastload "
+            "index` to avoid this)",
+            damage,
+            self.url,
+        )
+        samples: list[list[Component]] = []
+        last: str | None = None
+        with open_shard(self.store, self.key) as shard:
+            for item in scan(shard, self.url, want_data=False):
+                if isinstance(item, Bad):
+                    break
+                name, kind, _, _, data_offset, size, _ = item
+                split = split_member_name(name) if kind == REGULAR else None
+                if split is None:
+                    continue
+                comp = Component(split[1], data_offset, size, name)
+                if split[0] != last:
+                    samples.append([comp])
+                    last = split[0]
+                else:
+                    samples[-1].append(comp)
+        if self.expected_samples is not None and len(samples) > self.expected_samples:
+            del samples[self.expected_samples :]
+        return samples
 
     @property
     def supports_random_access(self) -> bool:  # type: ignore[override]
@@ -154,8 +217,31 @@ class WebDatasetReader(ShardReader):
         """
         index = self._require_index()
         if not 0 <= i < len(index):
+            if self.expected_samples is not None and 0 <= i < self.expected_samples:
+                raise CorruptDataError(
+                    f"sample {i} is missing: the dataset manifest says the shard holds "
+                    f"{self.expected_samples} samples, but only {len(index)} could be found in "
+                    "it; the shard is damaged or the manifest is wrong (check with "
+                    f"`fastload verify`){DAMAGED_SHARD_REMEDY}",
+                    url=self.url,
+                )
             raise IndexError(f"sample {i} out of range: {self.url} has {len(index)} samples")
         comps = index[i]
+        last = comps[-1]
+        if last.offset + last.size > self._size:
+            raise CorruptDataError(
+                f"sample {i} lies at bytes [{comps[0].offset - BLOCK}, {last.offset + last.size}) "
+                f"but the shard ends at byte {self._size}"
+                + (
+                    f" (the manifest says it has {self.expected_bytes} bytes): the shard is "
+                    f"truncated{DAMAGED_SHARD_REMEDY}"
+                    if self.expected_bytes is not None and self._size < self.expected_bytes
+                    else "; the shard is truncated, or the index belongs to another version of "
+                    "it (check with `fastload verify`)"
+                ),
+                url=self.url,
+                offset=self._size,
+            )
         view = self._local_map()
         if view is not None:  # a local file: each field is one copy out of the page cache
             parts = [
@@ -178,12 +264,23 @@ class WebDatasetReader(ShardReader):
                     url=self.url,
                     offset=comp.offset,
                 )
-            if len(data) != comp.size:
+            if not comp.name or not self._names_checked:  # check what parse_index did not
+                problem = member_problem(name, comp.ext)
+                if problem is None and key is not None and split[0] != key:
+                    problem = f"belongs to sample {split[0]!r}, not {key!r}"
+                if problem is None and comp.ext in sample:
+                    problem = f"repeats field {comp.ext!r} of sample {split[0]!r}"
+                if problem is not None:
+                    raise CorruptDataError(
+                        f"index line {i + 2}: member {name!r} {problem}",
+                        url=self.url,
+                        offset=comp.offset - BLOCK,
+                    )
+            if len(data) != comp.size:  # the shard shrank after the index was loaded
                 raise CorruptDataError(
                     f"index line {i + 2} gives {comp.size} bytes for {name!r} at byte offset "
-                    f"{comp.offset}, but the shard ends after {len(data)} of them; the shard is "
-                    "truncated or the index belongs to another shard, rebuild it with "
-                    "`fastload index`",
+                    f"{comp.offset}, but the shard ends after {len(data)} of them: it was "
+                    f"truncated while being read{DAMAGED_SHARD_REMEDY}",
                     url=self.url,
                     offset=comp.offset,
                 )
@@ -203,7 +300,10 @@ class WebDatasetReader(ShardReader):
 
     def _check_indexed_header(self, comp: Component, hdr: bytes, i: int) -> str:
         """Verify the ustar header in front of an indexed member; return the member's name."""
-        stale = "; the index does not belong to this shard, rebuild it with `fastload index`"
+        stale = (
+            "; the shard's bytes are damaged or the index is stale (`fastload verify` tells which; "
+            "`fastload index` rebuilds a stale index)"
+        )
         if len(hdr) != BLOCK or not checksum_ok(hdr) or hdr[156:157] not in (b"0", b"\0", b"7"):
             raise CorruptDataError(
                 f"index line {i + 2}: no regular-file tar header in front of the data of "
@@ -294,15 +394,13 @@ class WebDatasetReader(ShardReader):
                 if dot <= slash + 1:
                     continue  # no extension, or a hidden file: not a sample component
                 k, field = name[:dot], name[dot + 1 :]
-                if name[0] == "/" or ".." in name:
-                    reason = unsafe_name_reason(name)
-                    if reason is not None:
+                if name[0] == "/" or ".." in name or field[:1] in ("_", ""):
+                    problem = member_problem(name, field)
+                    if problem is not None:
                         exc = CorruptDataError(
-                            f"member name {name!r} {reason}; refusing it as unsafe",
-                            url=url,
-                            offset=header_offset,
+                            f"member {name!r} {problem}", url=url, offset=header_offset
                         )
-                elif k == key and sample is not None and field not in sample:
+                if exc is None and k == key and sample is not None and field not in sample:
                     sample[field] = data  # the common case: the next field of this sample
                     lost = None
                     continue
@@ -351,13 +449,6 @@ class WebDatasetReader(ShardReader):
                     offset=header_offset,
                     key=k,
                 )
-                if field in _META:
-                    exc = CorruptDataError(
-                        f"member {name!r} uses the reserved field name {field!r}",
-                        url=url,
-                        offset=header_offset,
-                        key=k,
-                    )
             if exc is not None:
                 if raise_now:
                     raise exc
