@@ -18,10 +18,21 @@ The steps (``fastload/convert/README.md`` has the user-facing version):
 
 Nothing written depends on time, worker count or scheduling, so an interrupted run (even by
 SIGKILL) resumed with the same command gives the same bytes as an uninterrupted one.
+
+**What dead runs leave** (see :class:`_Guard`): on a local destination a run holds an ``flock``
+on ``_fastload_convert/.fastload-tmp-convert.lock`` from the end of planning to its last write, so
+a second conversion into the same directory is refused while one is alive; holding it, a run
+removes the temporary files that killed runs left (which the store can tell from a live writer's:
+every writer locks its own). Worker processes die with the converting process (``PR_SET_PDEATHSIG``
+on Linux), so nothing writes after it is gone.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
+import fcntl
 import gc
 import importlib
 import json
@@ -29,6 +40,8 @@ import multiprocessing
 import os
 import pickle
 import re
+import signal
+import socket
 import sys
 import threading
 import time
@@ -60,13 +73,17 @@ from fastload.errors import (
     InvalidArgumentError,
     ManifestError,
     ObjectNotFoundError,
+    StoreError,
+    StorePermissionError,
     WorkerError,
 )
 from fastload.formats import MANIFEST_NAME, Format, Manifest, ShardEntry, ShardInfo, get_format
 from fastload.formats._base import FORMATS, ShardWriter
 from fastload.formats._sample import KEY
 from fastload.formats.manifest import read_manifest, write_manifest
-from fastload.storage import MemoryStore, Store, open_store
+from fastload.storage import LocalStore, MemoryStore, Store, open_store
+from fastload.storage._local import remove_stale_temporaries
+from fastload.storage._wrapper import WrapperStore
 
 __all__ = [
     "DONE_PREFIX",
@@ -255,15 +272,38 @@ class _Counters:
 
 
 _COUNTERS = _Counters()
-#: In a worker process: the queue of pickled shard jobs (``None`` ends it) and the stop flag.
+#: In a worker process: the queue of pickled shard jobs (``None`` ends it), the stop flag and the
+#: converting process's id.
 _JOBS: Any = None
 _STOP: Any = None
+_PARENT = 0
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def _init_worker(samples: Any, nbytes: Any, jobs: Any, stop: Any) -> None:
-    global _COUNTERS, _JOBS, _STOP
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _init_worker(samples: Any, nbytes: Any, jobs: Any, stop: Any, parent: int) -> None:
+    """Set up a worker process. It is killed when the converting process dies (Linux: by the
+    kernel, ``PR_SET_PDEATHSIG``; elsewhere it stops before its next shard), so that a killed
+    conversion leaves no orphan writing into the destination or waiting forever for work."""
+    global _COUNTERS, _JOBS, _STOP, _PARENT
     _COUNTERS = _Counters(samples, nbytes)
-    _JOBS, _STOP = jobs, stop
+    _JOBS, _STOP, _PARENT = jobs, stop, parent
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):  # pragma: no cover - no prctl in this libc
+            pass
+    if not _alive(parent):  # it died before the signal was armed
+        os._exit(1)
 
 
 def _done_key(name: str) -> str:
@@ -299,7 +339,11 @@ def _write_samples(job: _ShardJob) -> _Written:
             ) from exc
         skipped.append(SkippedItem(unit.item, reason, name).to_json())
 
-    writer = fmt.writer(job.dst, name, index=True)
+    try:
+        writer = fmt.writer(job.dst, name, index=True)
+    except BaseException as exc:
+        _raise_if_no_space(exc, job)
+        raise
     try:
         for unit, result in job.source.read_units(job.shard.units):
             if isinstance(result, Exception):
@@ -340,8 +384,9 @@ def _write_samples(job: _ShardJob) -> _Written:
             if pending_samples >= 64:
                 _COUNTERS.add(pending_samples, pending_bytes)
                 pending_samples = pending_bytes = 0
-    except BaseException:
+    except BaseException as exc:
         writer.abort()
+        _raise_if_no_space(exc, job)
         raise
     _COUNTERS.add(pending_samples, pending_bytes)
     return _Written(job, writer, skipped, dropped)
@@ -352,8 +397,9 @@ def _commit_shard(written: _Written) -> dict[str, Any]:
     job = written.job
     try:
         info = written.writer.close()
-    except BaseException:
+    except BaseException as exc:
         written.writer.abort()
+        _raise_if_no_space(exc, job)
         raise
     record = {
         "plan_sha256": job.plan_sha256,
@@ -369,7 +415,11 @@ def _commit_shard(written: _Written) -> dict[str, Any]:
         "skipped": written.skipped,
         "dropped": written.dropped,
     }
-    job.dst.put(_done_key(job.shard.name), _json_bytes(record))
+    try:
+        job.dst.put(_done_key(job.shard.name), _json_bytes(record))
+    except BaseException as exc:
+        _raise_if_no_space(exc, job)
+        raise
     return record
 
 
@@ -405,6 +455,8 @@ def _write_shards(
 def _queued_jobs() -> Iterator[_ShardJob]:
     """In a worker: jobs from the pool's queue until its end marker or the stop flag."""
     while not _STOP.value:
+        if not _alive(_PARENT):  # the conversion was killed: nobody will use the shard
+            os._exit(1)
         data = _JOBS.get()
         if data is None:
             return
@@ -419,6 +471,62 @@ def _run_worker() -> list[dict[str, Any]]:
     except BaseException:
         _STOP.value = 1  # the conversion fails: other workers take no new shard
         raise
+
+
+#: ``errno`` values that mean the destination has no room: a full disk, a quota, a size limit.
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def _space_errno(exc: BaseException) -> int | None:
+    """The ``errno`` of a full disk (or quota, or file size limit) behind ``exc``, if any."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _NO_SPACE:
+            return current.errno
+        text = str(current)
+        if "No space left on device" in text or "Disk quota exceeded" in text:
+            return errno.ENOSPC  # LMDB reports the errno only in its message
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _space_message(where: str, code: int) -> str:
+    why = {
+        errno.ENOSPC: "the destination has no space left",
+        errno.EDQUOT: "the destination's disk quota is used up",
+        errno.EFBIG: "a file grew past the largest size allowed (a file system limit or this "
+        "process's file size limit, `ulimit -f`)",
+    }[code]
+    return (
+        f"cannot write {where}: {why} ({os.strerror(code)}). Nothing partial is left under the "
+        "final name. Free space (or raise the limit), then re-run the same command: the "
+        "finished shards are kept and the conversion resumes"
+    )
+
+
+def _raise_if_no_space(exc: BaseException, job: _ShardJob) -> None:
+    """Raise a clear error if shard ``job`` failed with ``exc`` for lack of space. Called in the
+    worker: the errno does not survive the error's trip to the parent."""
+    code = _space_errno(exc)
+    if code is not None:
+        url = job.dst.child_url(job.shard.name)
+        what = f"shard {url} (planned for about {format_bytes(job.shard.est_bytes)})"
+        raise StoreError(_space_message(what, code), url=url) from exc
+
+
+@contextlib.contextmanager
+def _space_for(store: Store, key: str) -> Iterator[None]:
+    """Turn a lack of space while the parent writes ``key`` into a clear error."""
+    try:
+        yield
+    except (OSError, FastloadError) as exc:
+        code = _space_errno(exc)
+        if code is None:
+            raise
+        url = store.child_url(key)
+        raise StoreError(_space_message(url, code), url=url) from exc
 
 
 def _describe(exc: BaseException) -> str:
@@ -473,6 +581,161 @@ def _clear_destination(store: Store, old: Manifest | None, prefix: str) -> None:
     keys.append(SKIPPED_KEY)
     keys.extend(store.list_keys(STATE_PREFIX))
     store.delete_many(sorted(set(keys)))
+
+
+#: The lock file in the state directory. Its name is one of a local store's temporary names, so
+#: the store never lists it as an object (nor lets a key name it).
+_LOCK_NAME = ".fastload-tmp-convert.lock"
+#: Seconds a new run waits for the lock, long enough for the processes of a run killed a moment
+#: ago to be gone.
+_LOCK_WAIT = 2.0
+
+
+def _innermost(store: Store) -> Store:
+    while isinstance(store, WrapperStore):
+        store = store.inner
+    return store
+
+
+class _Guard:
+    """One conversion at a time per destination, and the removal of what killed runs left.
+
+    On a local destination (:class:`~fastload.storage.LocalStore`), :meth:`acquire` takes an
+    exclusive ``flock`` on ``_fastload_convert/.fastload-tmp-convert.lock`` (waiting up to
+    ``_LOCK_WAIT`` seconds, then raising :class:`DatasetExistsError` naming the process that holds
+    it). Forked workers inherit the lock, so it is held until every process of the run is gone.
+    Holding it, the run removes the temporary files and LMDB scratch directories that dead
+    writers left in the dataset root and the state directory. That is safe even while other
+    processes write there: the store removes only a temporary file whose writer's own ``flock``
+    is free, i.e. whose writer has exited (see ``LocalStore.remove_stale_temporaries``).
+    :meth:`release` removes dead writers' files once more, then the lock file, then the state
+    directory if nothing is left in it. On a file system without ``flock`` there is no guard,
+    and nothing is removed.
+
+    Other stores have no locks. A run removes LMDB scratch directories of dead processes from
+    the system temporary directory, and, through the store's ``abort_incomplete_writes(prefix)``
+    when it has one (S3: multipart uploads), the unfinished uploads of the dataset's own keys
+    (``{prefix}-*``, the state, the manifest and the skip report), once it knows the destination
+    holds this conversion (or nothing, or ``overwrite`` was asked). Two conversions into one
+    object-store destination at once are not supported: the later one aborts the earlier one's
+    uploads, which then fails naming the shard and can be re-run.
+    """
+
+    def __init__(self, store: Store, format_name: str) -> None:
+        self.store = store
+        self.format_name = format_name
+        inner = _innermost(store)
+        self.local = inner if isinstance(inner, LocalStore) and inner.supports_writes else None
+        self._fd: int | None = None
+        self._path = ""
+
+    def _dirs(self, root: str) -> list[str]:
+        state = os.path.join(root, STATE_PREFIX.rstrip("/"))
+        return [root, state, os.path.join(state, DONE_PREFIX[len(STATE_PREFIX) :].rstrip("/"))]
+
+    def acquire(self) -> None:
+        """Take the destination and remove what dead runs left (see the class docstring)."""
+        if self.local is not None:
+            self._lock(self.local.root)
+            self._sweep()
+        elif self.format_name == "lmdb":
+            from fastload.formats.lmdb._writer import remove_stale_scratch
+
+            remove_stale_scratch()
+
+    def _lock(self, root: str) -> None:
+        state = self._dirs(root)[1]
+        path = os.path.join(state, _LOCK_NAME)
+        deadline = time.monotonic() + _LOCK_WAIT
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+        holder = ""
+        while time.monotonic() < deadline:
+            try:
+                os.makedirs(state, exist_ok=True)
+                fd = os.open(path, flags, 0o644)
+            except FileNotFoundError:  # a run that just finished removed the directory
+                continue
+            except OSError as exc:
+                error = StorePermissionError if isinstance(exc, PermissionError) else StoreError
+                raise error(
+                    f"cannot create the conversion lock {path}: {exc.strerror}; the destination "
+                    "directory must be writable",
+                    url=self.store.url,
+                ) from exc
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # held by a live conversion (or one dying this instant)
+                holder = _read_holder(fd)
+                os.close(fd)
+                time.sleep(0.05)
+                continue
+            except OSError:  # no locks on this file system: no guard
+                self._fd, self._path = fd, path
+                return
+            try:
+                held, now = os.fstat(fd), os.stat(path)
+                same = (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)
+            except FileNotFoundError:
+                same = False
+            if not same:  # removed by the run that held it before us: lock the new one
+                os.close(fd)
+                continue
+            self._fd, self._path = fd, path
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()}".encode(), 0)
+            except OSError:
+                pass  # only for the message of a run that finds it busy
+            return
+        raise DatasetExistsError(
+            f"{self.store.url} is being written by another fastload convert "
+            f"({holder or 'it holds the lock ' + path}); wait for it to finish (the same "
+            "command then finds the dataset complete), or stop it and re-run this command to "
+            "resume"
+        )
+
+    def _sweep(self) -> None:
+        if self.local is not None:
+            for directory in self._dirs(self.local.root):
+                remove_stale_temporaries(directory)
+
+    def abort_uploads(self, prefix: str) -> None:
+        """Abort the unfinished uploads of the dataset's keys, on stores that keep them."""
+        if self.local is not None:
+            return
+        abort = getattr(_innermost(self.store), "abort_incomplete_writes", None)
+        if callable(abort):
+            for key_prefix in (f"{prefix}-", STATE_PREFIX, MANIFEST_NAME, SKIPPED_KEY):
+                abort(key_prefix)
+
+    def release(self) -> None:
+        """Remove dead writers' files, the lock file and the empty state directory; unlock."""
+        fd = self._fd
+        if fd is None or self.local is None:
+            return
+        self._fd = None
+        try:
+            self._sweep()
+            try:
+                held, now = os.fstat(fd), os.stat(self._path)
+                if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
+                    os.unlink(self._path)  # while locked; a waiting run then makes a new one
+            except OSError:
+                pass
+            for directory in reversed(self._dirs(self.local.root)[1:]):
+                try:
+                    os.rmdir(directory)
+                except OSError:
+                    pass  # not empty: the state of an unfinished conversion
+        finally:
+            os.close(fd)
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        return os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
 
 
 def _existing_manifest(store: Store) -> Manifest | bool | None:
@@ -569,7 +832,11 @@ def convert(
 
     Raises:
         InvalidArgumentError: Bad options, empty input, or ``dst`` inside ``src``.
-        DatasetExistsError: ``dst`` already holds a different dataset and ``overwrite`` is False.
+        DatasetExistsError: ``dst`` already holds a different dataset and ``overwrite`` is False,
+            or another conversion is writing into the local directory ``dst`` (see the README's
+            "What killed runs leave, and one conversion at a time").
+        StoreError: The destination ran out of space (or a file size limit was reached); the
+            message names the shard and says to free space and re-run, which resumes.
         ConversionError: An input item is bad and ``on_error="raise"``; the message names it.
         ObjectNotFoundError: ``src`` does not exist.
     """
@@ -609,6 +876,7 @@ def convert(
     pool = (
         _Pool(n_workers, fmt) if use_pool and _pool_context().get_start_method() != "fork" else None
     )
+    guard: _Guard | None = None
     try:
         # 1. plan
         plan_skipped: list[SkippedItem] = []
@@ -675,7 +943,10 @@ def convert(
                 _print_dry_run(stream, source, shards, result)
             return result
 
-        # 2. destination state
+        # 2. destination state: ours alone from here on; what dead runs left goes
+        guard = _Guard(dst_store, format_name)
+        with _space_for(dst_store, PLAN_KEY):
+            guard.acquire()
         old = _existing_manifest(dst_store)
         if (
             isinstance(old, Manifest)
@@ -721,21 +992,23 @@ def convert(
                     )
         else:
             _clear_destination(dst_store, old if isinstance(old, Manifest) else None, prefix)
+        guard.abort_uploads(prefix)
         if not resume:
-            dst_store.put(
-                PLAN_KEY,
-                _json_bytes(
-                    {
-                        "fastload_convert_plan": _PLAN_VERSION,
-                        "plan_sha256": digest,
-                        "source": described,
-                        "options": options,
-                        "num_samples": len(units),
-                        "num_shards": len(shards),
-                        "est_bytes": est_bytes,
-                    }
-                ),
-            )
+            with _space_for(dst_store, PLAN_KEY):
+                dst_store.put(
+                    PLAN_KEY,
+                    _json_bytes(
+                        {
+                            "fastload_convert_plan": _PLAN_VERSION,
+                            "plan_sha256": digest,
+                            "source": described,
+                            "options": options,
+                            "num_samples": len(units),
+                            "num_shards": len(shards),
+                            "est_bytes": est_bytes,
+                        }
+                    ),
+                )
 
         # 3. shards
         records: dict[str, dict[str, Any]] = {}
@@ -789,13 +1062,14 @@ def convert(
                 )
             )
         if skipped:
-            dst_store.put(
-                SKIPPED_KEY,
-                "".join(
-                    json.dumps(s.to_json(), sort_keys=True, ensure_ascii=False) + "\n"
-                    for s in skipped
-                ).encode("utf-8"),
-            )
+            with _space_for(dst_store, SKIPPED_KEY):
+                dst_store.put(
+                    SKIPPED_KEY,
+                    "".join(
+                        json.dumps(s.to_json(), sort_keys=True, ensure_ascii=False) + "\n"
+                        for s in skipped
+                    ).encode("utf-8"),
+                )
         else:
             dst_store.delete_many([SKIPPED_KEY])
         import fastload
@@ -815,7 +1089,8 @@ def convert(
             },
             metadata=source.metadata(),
         )
-        write_manifest(dst_store, manifest)
+        with _space_for(dst_store, MANIFEST_NAME):
+            write_manifest(dst_store, manifest)
         dst_store.delete_many(dst_store.list_keys(STATE_PREFIX))
         result = ConvertResult(
             url=dst_store.url,
@@ -836,8 +1111,12 @@ def convert(
             progress.message(result.summary())
         return result
     finally:
-        if pool is not None:
-            pool.shutdown()
+        try:
+            if pool is not None:
+                pool.shutdown()  # waits for the workers: their writers are done after it
+        finally:
+            if guard is not None:
+                guard.release()
 
 
 def _check_not_inside(source: Source, dst: Store) -> None:
@@ -911,7 +1190,7 @@ class _Pool:
             max_workers=n_workers,
             mp_context=ctx,
             initializer=_init_worker,
-            initargs=(self.samples, self.nbytes, self.jobs, self.stop),
+            initargs=(self.samples, self.nbytes, self.jobs, self.stop, os.getpid()),
         )
         forking = ctx.get_start_method() == "fork"
         if forking:

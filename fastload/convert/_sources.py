@@ -40,9 +40,11 @@ from fastload.errors import (
     ConversionError,
     CorruptDataError,
     FastloadError,
+    FormatError,
     InvalidArgumentError,
     ObjectNotFoundError,
 )
+from fastload.formats._base import ErrorPolicy
 from fastload.formats._sample import KEY, validate_field_name
 from fastload.formats.manifest import MANIFEST_NAME, read_manifest
 from fastload.storage import ObjectMeta, Store, open_store
@@ -79,6 +81,8 @@ _TEXT_EXT = frozenset({"txt"})
 _CSV_EXT = frozenset({"csv"})
 _PARQUET_EXT = frozenset({"parquet", "pq"})
 _SHARD_EXT = {"tar": "webdataset", "tfrecord": "tfrecord", "tfrecords": "tfrecord", "lmdb": "lmdb"}
+#: Whole-file compression suffixes after a TFRecord extension (TensorFlow's GZIP and ZLIB).
+_TFRECORD_COMPRESSED = frozenset({"gz", "gzip", "zz", "zlib"})
 #: Objects conversion writes next to a dataset; never treated as input.
 _OWN_PREFIXES = ("_fastload",)
 
@@ -155,6 +159,15 @@ def _json_default(value: Any) -> Any:
 def _ext(name: str) -> str:
     base = name.rsplit("/", 1)[-1]
     return base.rsplit(".", 1)[-1].lower() if "." in base else ""
+
+
+def _shard_format(name: str) -> str | None:
+    """The format a shard's name says (``x.tar``, ``x.tfrecord``, ``x.tfrecord.gz``, ...), or
+    ``None``."""
+    parts = name.rsplit("/", 1)[-1].lower().split(".")
+    if len(parts) >= 3 and parts[-1] in _TFRECORD_COMPRESSED:
+        return "tfrecord" if _SHARD_EXT.get(parts[-2]) == "tfrecord" else None
+    return _SHARD_EXT.get(parts[-1]) if len(parts) >= 2 else None
 
 
 def _stem(key: str) -> str:
@@ -736,6 +749,48 @@ class ParquetSource(_TableSource):
 # ---- existing shards ---------------------------------------------------------------------------
 
 
+class _CollectErrors(ErrorPolicy):
+    """A reader's ``on_error`` policy that goes on like ``skip`` and keeps every error."""
+
+    def __init__(self) -> None:
+        super().__init__("skip")
+        self.caught: list[Exception] = []
+
+    def handle(self, exc: FormatError) -> None:
+        self.skipped += 1
+        self.caught.append(exc)
+
+
+class _Ended(Exception):
+    """Wraps the error that ended a shard's reading early (in a list of skipped-past errors)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _errors_with_end(errors: Sequence[Exception]) -> Iterator[tuple[Exception, bool]]:
+    """``(error, whether it ended the reading)`` for the errors :meth:`ShardSource._intact` kept."""
+    for exc in errors:
+        if isinstance(exc, _Ended):
+            yield exc.error, True
+        else:
+            yield exc, False
+
+
+def _damage_item(key: str, exc: Exception) -> str:
+    """``shard@offset`` (the byte offset the error gives, in the decompressed stream for a
+    compressed file), else the shard's key."""
+    offset = getattr(exc, "offset", None)
+    return f"{key}@{offset}" if isinstance(offset, int) else key
+
+
+def _damage_reason(exc: Exception, ended: bool, kept: int) -> str:
+    text = str(exc) or type(exc).__name__
+    rest = "the rest of the file cannot be read" if ended else "the damaged part is left out"
+    return f"damaged: {text}; {rest}, the {kept} intact samples of the file are converted"
+
+
 class ShardSource(_RecordSource):
     """Existing shards: a fastload dataset (its ``fastload.json`` lists the shards) or a directory
     of third-party WebDataset tars / TFRecords / LMDB shards (format by extension, confirmed by
@@ -753,13 +808,14 @@ class ShardSource(_RecordSource):
         """``(key, num_samples or None, num_bytes or None)`` per shard, in dataset order."""
         if self.keys is None and self.store.exists(MANIFEST_NAME):
             manifest = read_manifest(self.store)
+            manifest.resolve_format(url=self.store.child_url(MANIFEST_NAME))  # fail, not skip
             self.format_name = manifest.format
             self._metadata = dict(manifest.metadata)
             return [(s.name, s.num_samples, s.num_bytes) for s in manifest.shards]
         out: list[tuple[str, int | None, int | None]] = []
         formats: set[str] = set()
         for meta in self.listing():
-            fmt = _SHARD_EXT.get(_ext(meta.key))
+            fmt = _shard_format(meta.key)
             if fmt is None:
                 continue
             formats.add(fmt)
@@ -783,36 +839,63 @@ class ShardSource(_RecordSource):
     def plan_units(self, report: PlanReporter) -> list[Unit]:
         units: list[Unit] = []
         for key, count, nbytes in self._shards(report):
-            try:
-                if count is None:
-                    fmt = self._format()
-                    with fmt.reader(self.store, key) as reader:
-                        count = sum(1 for _ in reader)
-            except (OSError, FastloadError) as exc:
-                report(key, f"cannot be read: {exc}")
-                continue
-            per = max(1, (nbytes or 0) // max(1, count))
-            units.extend(Unit(f"{key}#{i}", (key, 0, i), per, 1) for i in range(count))
+            if count is not None:  # a fastload dataset: the manifest's count
+                positions: Sequence[int] = range(count)
+            else:
+                # Read the shard once; its damage (each record the reader skips past, and what
+                # ends the reading early) is reported, every intact sample is kept.
+                errors: list[Exception] = []
+                positions = [pos for pos, _ in self._intact(key, errors)]
+                for exc, ended in _errors_with_end(errors):
+                    report(_damage_item(key, exc), _damage_reason(exc, ended, len(positions)))
+            per = max(1, (nbytes or 0) // max(1, len(positions)))
+            units.extend(Unit(f"{key}#{i}", (key, 0, i), per, 1) for i in positions)
         return units
+
+    def _intact(
+        self, key: str, errors: list[Exception], last: int | None = None
+    ) -> Iterator[tuple[int, dict[str, Any]]]:
+        """``(position, sample)`` of every sample of shard ``key`` its reader delivers intact, in
+        order, up to position ``last``. What the reader skips past goes to ``errors``; so does,
+        last and wrapped in :class:`_Ended`, an error that ends the reading early (a truncated or
+        undecompressable file: the samples before it are still yielded)."""
+        policy = _CollectErrors()
+        try:
+            with self._format().reader(self.store, key) as reader:
+                reader.policy = policy  # go on past damaged samples, and keep their errors
+                for n, sample in enumerate(reader):
+                    pos = sample.get("__index__")
+                    if not isinstance(pos, int) or isinstance(pos, bool) or pos < n:
+                        pos = n
+                    yield (
+                        pos,
+                        {k: v for k, v in sample.items() if k == KEY or not k.startswith("__")},
+                    )
+                    if last is not None and pos >= last:
+                        break
+        except (OSError, FastloadError) as exc:
+            errors.extend(policy.caught)
+            errors.append(_Ended(exc))
+            return
+        errors.extend(policy.caught)
 
     def _read_group(
         self, key: str, group: int, indices: Sequence[int]
     ) -> Iterator[tuple[int, dict[str, Any] | Exception]]:
         wanted = set(indices)
         last = max(indices) if indices else -1
-        try:
-            with self._format().reader(self.store, key) as reader:
-                for i, sample in enumerate(reader):
-                    if i > last:
-                        break
-                    if i in wanted:
-                        yield (
-                            i,
-                            {k: v for k, v in sample.items() if k == KEY or not k.startswith("__")},
-                        )
-        except (OSError, FastloadError) as exc:
+        errors: list[Exception] = []
+        seen = -1
+        for pos, sample in self._intact(key, errors, last):
+            if pos in wanted:
+                yield pos, sample
+            seen = pos
+        if seen < last and errors:  # the shard changed since it was planned
+            exc = errors[-1]
+            cause = exc.error if isinstance(exc, _Ended) else exc
             for i in indices:
-                yield i, exc
+                if i > seen:
+                    yield i, cause
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()
@@ -854,8 +937,9 @@ def detect_source_type(
     """Guess the source type of a corpus (see ``fastload/convert/README.md``).
 
     Order: a ``fastload.json`` → ``shards``; all files JSONL / text / CSV / Parquet → that type;
-    all files shards (``.tar``, ``.tfrecord``, ``.lmdb``) → ``shards``; every file exactly one
-    directory deep with an image extension → ``imagefolder``; anything else → ``files``.
+    all files shards (``.tar``, ``.tfrecord`` also compressed as ``.tfrecord.gz``/``.zz``,
+    ``.lmdb``) → ``shards``; every file exactly one directory deep with an image extension →
+    ``imagefolder``; anything else → ``files``.
 
     Raises:
         InvalidArgumentError: The corpus is empty.
@@ -874,7 +958,8 @@ def detect_source_type(
     for family, name in _RECORD_TYPES:
         if exts <= family:
             return name
-    if exts - {"idx"} and exts - {"idx"} <= set(_SHARD_EXT):
+    shard_names = [n for n in names if _ext(n) != "idx"]
+    if shard_names and all(_shard_format(n) is not None for n in shard_names):
         return "shards"
     if all(n.count("/") == 1 for n in names) and exts <= IMAGE_EXTENSIONS:
         return "imagefolder"
@@ -910,7 +995,7 @@ def open_source(
     else:
         base = text.rstrip("/").rsplit("/", 1)[-1]
         known = _JSONL_EXT | _TEXT_EXT | _CSV_EXT | _PARQUET_EXT | set(_SHARD_EXT)
-        if not text.endswith("/") and _ext(base) in known:
+        if not text.endswith("/") and (_ext(base) in known or _shard_format(base) is not None):
             store, keys = open_store(text.rstrip("/").rsplit("/", 1)[0], **options), [base]
             if not store.exists(base):
                 raise ObjectNotFoundError(f"conversion source {text} does not exist", url=text)

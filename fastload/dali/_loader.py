@@ -44,7 +44,7 @@ from fastload.errors import CorruptDataError, FastloadError, InvalidArgumentErro
 from fastload.formats import DAMAGED_SHARD_REMEDY
 from fastload.loader import STATE_VERSION, Dataset, Partition, detect_rank_world, open_dataset
 from fastload.loader._order import check_seed
-from fastload.loader._stats import LoaderStats, parse_state_position
+from fastload.loader._stats import LoaderStats, check_pending_resume, parse_state_position
 from fastload.storage import Store, open_store
 
 __all__ = ["DALILoader"]
@@ -364,15 +364,26 @@ class DALILoader:
             return self.native_plan().num_steps
         return self.partition.num_steps
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, *, discard_resume: bool = False) -> None:
         """Iterate epoch ``epoch`` next (changes the order and the augmentation draws).
 
-        After :meth:`load_state_dict`, ``set_epoch`` with the saved epoch keeps the resume point;
-        any other epoch starts from step 0.
+        After :meth:`load_state_dict`, ``set_epoch`` with the saved epoch keeps the resume point.
+        Another epoch while a mid-epoch resume is pending raises, as in
+        :meth:`fastload.DataLoader.set_epoch`, unless ``discard_resume=True``.
+
+        Raises:
+            InvalidArgumentError: The call would silently drop a pending mid-epoch resume.
         """
         check_seed("epoch", epoch)
         if epoch == self._epoch and self._resume is not None:
             return
+        if not discard_resume:
+            check_pending_resume(
+                epoch,
+                pending_epoch=self._epoch,
+                pending_step=self._resume,
+                total_steps=self._num_steps(),
+            )
         self._epoch, self._step, self._resume = epoch, 0, None
 
     def __len__(self) -> int:

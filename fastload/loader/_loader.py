@@ -12,14 +12,28 @@ next (or current) iteration yields on this rank; every rank gets the same number
 **Resume**: :meth:`DataLoader.load_state_dict` makes the next iteration continue the saved epoch at
 the saved global step: the remaining samples are exactly those not yet delivered. The number of
 workers may change, and so may the world size, as long as the global batch size (``batch_size x
-world_size``) is the same. ``set_epoch(e)`` with the saved epoch keeps the pending resume; another
-epoch starts that epoch from step 0. A resumed epoch's following epochs start at step 0.
+world_size``) is the same. ``set_epoch(e)`` with the saved epoch keeps the pending resume (the
+usual loop: ``load_state_dict`` once, then ``set_epoch(epoch)`` at the top of every epoch). While a
+resume into the middle of an epoch is pending, ``set_epoch`` with another epoch raises
+:class:`~fastload.errors.InvalidArgumentError` (it would silently drop the rest of the saved epoch
+and break exactly-once); ``set_epoch(e, discard_resume=True)`` drops it on purpose. A resume of a
+finished epoch, or of one at step 0, holds no undelivered partial epoch: another epoch replaces
+it without complaint. A resumed epoch's following epochs start at step 0.
+
+**Worker failures**: a worker that dies (killed by a signal, a crash in native code, the OOM
+killer, ``SIGBUS`` from a shard truncated while memory-mapped) or times out ends the iteration with
+a :class:`~fastload.errors.WorkerError` naming the rank, the global step the loop waited for, and
+for each dead worker its pid, exit signal, the sample it was decoding and the samples its threads
+were reading (shard URL, position, dataset index). The iteration's workers are shut down; the next
+iteration starts fresh ones (also with ``persistent_workers``).
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import re
+import signal
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -33,13 +47,29 @@ from fastload.loader._dataset import Dataset, _ReaderCache
 from fastload.loader._device import prefetch_to_device, resolve_device
 from fastload.loader._order import check_seed
 from fastload.loader._partition import Partition
-from fastload.loader._stats import LoaderStats, parse_state_position
-from fastload.loader._stream import BatchMeta, BatchStream
+from fastload.loader._stats import LoaderStats, check_pending_resume, parse_state_position
+from fastload.loader._stream import BatchMeta, BatchStream, WorkerProgress
 
 __all__ = ["STATE_VERSION", "DataLoader"]
 
+log = logging.getLogger("fastload.loader")
+
 #: Version of the ``state_dict()`` layout.
 STATE_VERSION = 1
+
+
+def _exit_codes(torch_iter: Any) -> dict[int, int | None]:
+    """``pid -> exit code`` (negative: killed by that signal; ``None``: alive) of the worker
+    processes of a torch DataLoader iterator (empty for other iterators)."""
+    out: dict[int, int | None] = {}
+    for proc in getattr(torch_iter, "_workers", ()):
+        pid = getattr(proc, "pid", None)
+        if isinstance(pid, int):
+            try:
+                out[pid] = proc.exitcode
+            except (ValueError, AssertionError):  # a closed process object
+                out[pid] = None
+    return out
 
 
 def _unwrap(item: Any) -> Any:
@@ -226,15 +256,32 @@ class DataLoader:
         """``batch_size x world_size``."""
         return self._stream.partition.global_batch_size
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, *, discard_resume: bool = False) -> None:
         """Iterate epoch ``epoch`` next (changes the order when shuffling).
 
         After :meth:`load_state_dict`, ``set_epoch`` with the saved epoch keeps the resume point;
-        any other epoch starts from step 0.
+        another epoch starts from step 0.
+
+        Args:
+            epoch: The epoch to iterate next (an int >= 0).
+            discard_resume: Drop a pending resume (from :meth:`load_state_dict`) and start
+                ``epoch`` from step 0, also when it is the saved epoch.
+
+        Raises:
+            InvalidArgumentError: A resume into the middle of another epoch is pending (loaded
+                and not yet iterated) and ``discard_resume`` is false: moving on would silently
+                skip the rest of that epoch. The message says which epoch and step were pending.
         """
         check_seed("epoch", epoch)
-        if epoch == self._epoch and self._resume is not None:
-            return
+        if self._resume is not None and not discard_resume:
+            if epoch == self._epoch:
+                return
+            check_pending_resume(
+                epoch,
+                pending_epoch=self._epoch,
+                pending_step=self._resume,
+                total_steps=self.partition.remaining_steps(0),
+            )
         self._epoch, self._step, self._resume = epoch, 0, None
 
     def __len__(self) -> int:
@@ -314,7 +361,8 @@ class DataLoader:
         began = time.perf_counter()
         if self._torch is None:
             self._torch = torch.utils.data.DataLoader(self._stream, **self._torch_kwargs)
-        source: Iterator[tuple[BatchMeta, Any]] = iter(self._torch)
+        torch_iter: Iterator[tuple[BatchMeta, Any]] = iter(self._torch)
+        source = torch_iter
         if self.device is not None:
             source = prefetch_to_device(source, self.device)
         expected = start
@@ -329,9 +377,12 @@ class DataLoader:
                 except StopIteration:
                     break
                 except FastloadError:
+                    self._abandon(torch_iter)
                     raise
                 except Exception as exc:
-                    raise self._worker_error(epoch, expected, start, exc) from exc
+                    error = self._worker_error(epoch, expected, exc, torch_iter)
+                    self._abandon(torch_iter)
+                    raise error from exc
                 now = time.perf_counter()
                 stats.stall += now - t0
                 if meta.step != expected:
@@ -354,29 +405,86 @@ class DataLoader:
         finally:
             self._iterating = False
 
-    def _worker_error(self, epoch: int, step: int, start: int, exc: BaseException) -> WorkerError:
+    def _abandon(self, torch_iter: Iterator[Any]) -> None:
+        """Shut down the workers of a failed iteration now (the exception's traceback would keep
+        them alive), and make the next iteration start fresh ones: persistent workers of a
+        failed iteration may be dead or mid-epoch."""
+        shutdown = getattr(torch_iter, "_shutdown_workers", None)
+        if callable(shutdown):
+            try:
+                shutdown()
+            except Exception as exc:  # must not mask the error being raised
+                log.debug("shutting down the workers of a failed iteration: %s", exc)
+        self._torch = None
+
+    def _worker_error(
+        self, epoch: int, step: int, exc: BaseException, torch_iter: Iterator[Any]
+    ) -> WorkerError:
         """A WorkerError for a failure (death, timeout) while waiting for ``step``'s batch."""
         text = str(exc)
-        dead = (
-            {int(p) for p in re.findall(r"\d+", text.split("pid(s)", 1)[1])}
-            if "pid(s)" in text
-            else set()
-        )
+        dead: set[int] = set()
+        for group in re.findall(r"pid\(s\) ([\d, ]+)", text):
+            dead.update(int(p) for p in re.findall(r"\d+", group))
+        dead.update(int(p) for p in re.findall(r"worker \(pid (\d+)\)", text))
+        codes = _exit_codes(torch_iter)
+        dead.update(pid for pid, code in codes.items() if code is not None and code != 0)
         where = [f"rank {self.rank}, waiting for global step {step} of epoch {epoch}"]
-        for worker, (pid, wstep, index) in enumerate(self._stream.progress()):
+        bus = "Bus error" in text or "SIGBUS" in text
+        for worker, progress in enumerate(self._stream.progress()):
+            pid = progress.pid
             if pid < 0 or (dead and pid not in dead):
                 continue
-            state = "died" if pid in dead else "was"
-            what = f"worker {worker} (pid {pid}) {state} at global step {wstep}"
-            if 0 <= index < self.dataset.num_samples:
-                shard, pos = (int(x) for x in self.dataset.locate(index))
-                what += f" processing {self.dataset.describe(shard, pos)} (dataset index {index})"
-            where.append(what)
-        return WorkerError(
-            f"loading failed: {type(exc).__name__}: {text}. " + "; ".join(where) + ". A worker "
-            "that died was killed by a signal or crashed in native code (a decoder), or by the "
-            "out-of-memory killer (then lower num_workers, prefetch_factor or batch_size)"
+            code = codes.get(pid)
+            bus = bus or code == -signal.SIGBUS
+            where.append(f"worker {worker} " + self._describe_progress(progress, pid in dead, code))
+        hint = (
+            "A worker that died was killed by a signal or crashed in native code (a decoder), or "
+            "by the out-of-memory killer (then lower num_workers, prefetch_factor or batch_size)"
         )
+        if bus:
+            hint = (
+                "SIGBUS means a memory-mapped file could not be read: a shard that shrank "
+                "(truncated or rewritten in place) while it was read (check it with `fastload "
+                f"verify {self.dataset.url}`, restore it from the source, and replace shards only "
+                "atomically: write a new file, then rename it over the old one), or a full "
+                "/dev/shm (torch's guess; then give it more room, e.g. docker --shm-size). " + hint
+            )
+        return WorkerError(
+            f"loading failed: {type(exc).__name__}: {text}. " + "; ".join(where) + f". {hint}"
+        )
+
+    def _describe_progress(self, progress: WorkerProgress, died: bool, code: int | None) -> str:
+        """``(pid …) died at global step …, processing … while reading …`` for one worker."""
+        ds = self.dataset
+        how = ""
+        if code is not None and code < 0:
+            try:
+                how = f", killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f", killed by signal {-code}"
+        elif code is not None and code > 0:
+            how = f", exit status {code}"
+        what = (
+            f"(pid {progress.pid}{how}) {'died' if died else 'was'} at global step {progress.step}"
+        )
+
+        def sample(index: int) -> str:
+            shard, pos = (int(x) for x in ds.locate(index))
+            return f"{ds.describe(shard, pos)} (dataset index {index})"
+
+        parts = []
+        if 0 <= progress.index < ds.num_samples:
+            parts.append(f"processing {sample(progress.index)}")
+        reads = [
+            f"{sample(index)} for global step {rstep}"
+            for rstep, index in progress.reads
+            if 0 <= index < ds.num_samples
+        ]
+        if reads:
+            parts.append("while reading " + " and ".join(reads))
+        if not parts:
+            parts.append("between samples (no read or decode in progress)")
+        return what + " " + ", ".join(parts)
 
     # ---- statistics -------------------------------------------------------------------------
 

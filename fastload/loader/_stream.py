@@ -27,7 +27,9 @@ own coming batches will read first, in the order they will be read (so with ``bl
 prefetch follows the epoch's shard order). Shards the worker's current batches already read are not
 requested (the reads fill them), and a worker requests each shard at most once per epoch. Two
 workers needing the same shard share one download: the cache's per-object file lock makes the
-second wait for the first and then read the finished file.
+second wait for the first and then read the finished file. A worker closes its shard readers when
+its epoch ends: a reader keeps its shard mapped, so a shard evicted from the cache would otherwise
+keep its disk space (beyond the cache's budget) for as long as a persistent worker lives.
 
 **Randomness**: every raw sample gets ``"__rng_seed__": (seed, epoch, index)`` (``index`` = its
 dataset index) before ``decode``/``transform`` run; the transforms of :mod:`fastload.loader.
@@ -40,9 +42,11 @@ each batch from (seed, epoch, step) inside DataLoader worker processes (never in
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import random
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -65,9 +69,15 @@ from fastload.loader._dataset import RNG_SEED_KEY, Dataset, sample_nbytes
 from fastload.loader._dist import detect_rank_world
 from fastload.loader._order import EpochOrder, check_seed
 from fastload.loader._partition import Partition
-from fastload.storage import Store
+from fastload.storage import CachingStore, Store
 
-__all__ = ["DEFAULT_IO_THREADS", "BatchMeta", "BatchStream", "default_io_threads"]
+__all__ = [
+    "DEFAULT_IO_THREADS",
+    "BatchMeta",
+    "BatchStream",
+    "WorkerProgress",
+    "default_io_threads",
+]
 
 log = logging.getLogger("fastload.loader")
 
@@ -76,6 +86,17 @@ _TAG_AUGMENT = 3  # SeedSequence domain tag for per-batch augmentation seeds (se
 _TEMPLATE_TRIES = 1000
 #: Reader threads per process for stores that are not local files (see default_io_threads).
 DEFAULT_IO_THREADS = 4
+# Columns of a worker's row in the progress table: pid, the step being assembled, the dataset
+# index being decoded, then (step, dataset index) of the read in progress in each read slot.
+_COL_PID, _COL_STEP, _COL_INDEX, _COL_READS = 0, 1, 2, 3
+# Which progress read slot the current thread writes: 0 for a worker's own thread, 1.. for the
+# reader threads of its pool (assigned when a pool thread starts).
+_THREAD = threading.local()
+
+
+def _assign_read_slot(slots: Iterator[int]) -> None:
+    """ThreadPoolExecutor initializer: give the new reader thread its own progress slot."""
+    _THREAD.slot = next(slots)
 
 
 def default_io_threads(store: Store) -> int:
@@ -132,6 +153,27 @@ class _Planned:
 
 # A read result: (item number in the batch, raw sample or None if skipped, exception or None).
 _ReadResult = tuple[int, dict[str, Any] | None, BaseException | None]
+# A read to make: (item number in the batch, shard, position in shard, dataset index).
+_ReadItem = tuple[int, int, int, int]
+
+
+@dataclass(frozen=True)
+class WorkerProgress:
+    """What one worker was doing when last seen (from the shared progress table).
+
+    Attributes:
+        pid: The worker's process id (-1: it never started).
+        step: Global step of the batch it was assembling.
+        index: Dataset index of the sample it was decoding/transforming, -1 when none (between
+            samples, or while it waited for the training loop).
+        reads: ``(global step, dataset index)`` of each read in progress (one per reader
+            thread that was inside a read), in thread order.
+    """
+
+    pid: int
+    step: int
+    index: int
+    reads: tuple[tuple[int, int], ...]
 
 
 class BatchStream(torch.utils.data.IterableDataset[Any]):
@@ -212,11 +254,14 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
         self._buffers_pid = -1
 
     def track_progress(self, num_workers: int) -> None:
-        """Let each worker publish (pid, global step, dataset index) of the sample it is working
-        on in shared memory, so that a worker that dies (a crash in a decoder, the OOM killer) can
-        be reported with the sample it was processing. Call before the workers start."""
+        """Let each worker publish in shared memory what it is doing: the sample it decodes, and
+        the sample each of its threads is reading (reads run ahead of decoding, in the reader
+        threads or between batches), so that a worker that dies (a crash in a decoder, SIGBUS
+        from a shard truncated while mapped, the OOM killer) can be reported with the sample it
+        was decoding or reading (:meth:`progress`). Call before the workers start."""
         rows = max(1, num_workers)
-        self._progress = torch.full((rows, 3), -1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        cols = _COL_READS + 2 * (1 + self.io_threads)
+        self._progress = torch.full((rows, cols), -1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
 
     def enable_buffer_reuse(self, num_workers: int, blocks: int) -> torch.Tensor:
         """Let each worker collate into up to ``blocks`` reusable shared-memory blocks (see
@@ -228,11 +273,23 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
         self._release = torch.zeros((rows, max(1, blocks)), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         return self._release
 
-    def progress(self) -> list[tuple[int, int, int]]:
-        """``(pid, global step, dataset index)`` per worker, ``-1`` where unknown."""
+    def progress(self) -> list[WorkerProgress]:
+        """What each worker was last doing (:class:`WorkerProgress`), in worker order; empty
+        without :meth:`track_progress`."""
         if self._progress is None:
             return []
-        return [(int(r[0]), int(r[1]), int(r[2])) for r in self._progress.tolist()]
+        out = []
+        for row in self._progress.tolist():
+            slots = row[_COL_READS:]
+            reads = tuple(
+                (int(slots[j]), int(slots[j + 1]))
+                for j in range(0, len(slots), 2)
+                if slots[j + 1] >= 0
+            )
+            out.append(
+                WorkerProgress(int(row[_COL_PID]), int(row[_COL_STEP]), int(row[_COL_INDEX]), reads)
+            )
+        return out
 
     # ---- pickling ---------------------------------------------------------------------------
 
@@ -350,23 +407,32 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
                 if lookahead is not None:
                     lookahead.advance(submitted)
                 submitted += 1
-                pending.append((planned, self._submit(pool, planned)))
+                pending.append((planned, self._submit(pool, planned, worker)))
 
         try:
+            self._report(worker, int(steps[0]), -1)
             fill()
             while pending:
                 planned, reads = pending.popleft()
+                # From here on a death is this batch's: its reads, the next batches' reads
+                # (each recorded where it happens) or its decode.
+                self._report(worker, planned.step, -1)
                 fill()  # the next batches' reads run while this one is decoded
                 if seed_rngs:
                     self._seed_rngs(epoch, planned.step)
-                self._report(worker, planned.step, -1)
                 meta, batch = self._assemble(planned, reads, rank, worker, epoch)
+                self._report(worker, planned.step, -1)  # decoded: not processing a sample
                 yield (meta, batch) if self.with_meta else batch
         finally:
             for _, reads in pending:
                 for fut in reads:
                     if isinstance(fut, Future):
                         fut.cancel()
+            if isinstance(self.dataset.store, CachingStore):
+                # An open reader maps its shard: an evicted shard's disk space stays taken, and
+                # reads keep bypassing the cache, for as long as the reader lives (persistent
+                # workers: forever). The next epoch reopens what it reads through the cache.
+                self.dataset.close()
 
     # ---- internals --------------------------------------------------------------------------
 
@@ -374,7 +440,12 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
         if self.io_threads == 0:
             return None
         if self._pool is None or self._pool_pid != os.getpid():
-            self._pool = ThreadPoolExecutor(self.io_threads, thread_name_prefix="fastload-io")
+            self._pool = ThreadPoolExecutor(
+                self.io_threads,
+                thread_name_prefix="fastload-io",
+                initializer=_assign_read_slot,
+                initargs=(itertools.count(1),),
+            )
             self._pool_pid = os.getpid()
         return self._pool
 
@@ -391,27 +462,50 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
         return _Planned(step, indices, shards, pos, padded)
 
     def _submit(
-        self, pool: ThreadPoolExecutor | None, planned: _Planned
+        self, pool: ThreadPoolExecutor | None, planned: _Planned, worker: int
     ) -> list[Future[list[_ReadResult]]] | list[_ReadResult]:
         # Sort by (shard, position) for locality, then split into one chunk per thread.
         order = np.lexsort((planned.positions, planned.shards)).tolist()
         shards, positions = planned.shards.tolist(), planned.positions.tolist()
-        items = [(i, shards[i], positions[i]) for i in order]
+        indices = planned.indices.tolist()
+        items = [(i, shards[i], positions[i], indices[i]) for i in order]
+        step = planned.step
         if pool is None or len(items) <= 1:
-            return self._read_chunk(items)
+            return self._read_chunk(items, worker, step)
         chunks = np.array_split(np.arange(len(items)), min(self.io_threads, len(items)))
         return [
-            pool.submit(self._read_chunk, [items[j] for j in chunk.tolist()]) for chunk in chunks
+            pool.submit(self._read_chunk, [items[j] for j in chunk.tolist()], worker, step)
+            for chunk in chunks
         ]
 
-    def _read_chunk(self, items: list[tuple[int, int, int]]) -> list[_ReadResult]:
+    def _read_chunk(self, items: list[_ReadItem], worker: int, step: int) -> list[_ReadResult]:
+        """Read ``items`` in order, recording each read in this thread's progress slot first:
+        a read that kills the process (SIGBUS from a shard truncated while memory-mapped) is
+        then reported with the sample it was reading, not the one decoded last."""
         out: list[_ReadResult] = []
-        for i, shard, pos in items:
-            try:
-                out.append((i, self.dataset.read_raw(shard, pos), None))
-            except Exception as exc:
-                out.append((i, None, exc))
+        slot = self._read_slot(worker)
+        try:
+            for i, shard, pos, index in items:
+                if slot is not None:
+                    slot[0], slot[1] = step, index
+                try:
+                    out.append((i, self.dataset.read_raw(shard, pos), None))
+                except Exception as exc:
+                    out.append((i, None, exc))
+        finally:
+            if slot is not None:
+                slot[1] = -1
         return out
+
+    def _read_slot(self, worker: int) -> npt.NDArray[np.int64] | None:
+        """This thread's ``[step, index]`` read record in ``worker``'s progress row, if tracked."""
+        view = self._progress_numpy()
+        if view is None or worker >= len(view):
+            return None
+        col = _COL_READS + 2 * getattr(_THREAD, "slot", 0)
+        if col + 2 > view.shape[1]:
+            return None
+        return view[worker, col : col + 2]
 
     def _assemble(
         self,
@@ -506,38 +600,47 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
             if self._template is None:
                 self._template = empty_like_batch(batch)
         else:
-            batch = self._empty_batch(where)
+            batch = self._empty_batch(where, worker, planned.step)
         meta = BatchMeta(
             planned.step, rank, worker, len(samples), planned.padded, skipped, nbytes, pooled
         )
         return meta, batch
 
-    def _report(self, worker: int, step: int, index: int) -> None:
+    def _progress_numpy(self) -> npt.NDArray[np.int64] | None:
         view = self._progress_view
-        if view is None:
-            if self._progress is None:
-                return
+        if view is None and self._progress is not None:
             # Writing through NumPy costs ~0.1 us; a torch tensor __setitem__ ~8 us (per sample!).
             view = self._progress_view = self._progress.numpy()
-        if worker < len(view):
-            row = view[worker]
-            row[0] = os.getpid()
-            row[1] = step
-            row[2] = index
+        return view
 
-    def _empty_batch(self, where: str) -> Any:
+    def _report(self, worker: int, step: int, index: int) -> None:
+        """Record that ``worker`` assembles global step ``step`` and decodes dataset index
+        ``index`` (-1: no sample)."""
+        view = self._progress_numpy()
+        if view is not None and worker < len(view):
+            row = view[worker]
+            row[_COL_PID] = os.getpid()
+            row[_COL_STEP] = step
+            row[_COL_INDEX] = index
+
+    def _empty_batch(self, where: str, worker: int, step: int) -> Any:
         """A zero-row batch with the structure of a good one (every sample was skipped)."""
         if self._template is None:
             ds = self.dataset
             for i in range(min(ds.num_samples, _TEMPLATE_TRIES)):
                 shard, pos = (int(x) for x in ds.locate(i))
                 try:
-                    raw = ds.read_raw(shard, pos)
+                    ((_, raw, err),) = self._read_chunk([(0, shard, pos, i)], worker, step)
+                    if err is not None:
+                        raise err
                     if raw is None:
                         continue
+                    self._report(worker, step, i)
                     sample = ds.finish(ds.decode_raw(raw))
                 except (FastloadError, FormatError, ValueError, OSError):
                     continue
+                finally:
+                    self._report(worker, step, -1)
                 self._template = empty_like_batch(self.collate_fn([sample]))
                 break
             else:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import builtins
 import errno
+import fcntl
 import io
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -30,15 +33,117 @@ from fastload.storage._base import (
     validate_prefix,
 )
 
-__all__ = ["LocalStore"]
+__all__ = ["LocalStore", "make_scratch_dir", "remove_stale_temporaries"]
 
+#: Names of unfinished writes start with this; the store never lists them and rejects such keys.
 _TMP_PREFIX = ".fastload-tmp-"
 _O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 _PATH_CACHE_SIZE = 1 << 16  # validated key -> path entries kept per store (then cleared)
 
 
+# ---- temporary files: owned by a live writer while it holds an flock on them -------------------
+#
+# Every temporary file (and scratch directory) a writer makes starts with ``_TMP_PREFIX`` and is
+# locked with ``flock(LOCK_EX)`` by its writer from just after it is created until it is renamed
+# into place or removed. The kernel drops the lock when the last descriptor of the writer's open
+# file goes away, i.e. when the writer (and any process that inherited the descriptor) has exited,
+# however it died. So :func:`remove_stale_temporaries` removes exactly the temporary files whose
+# owner is gone: it takes the lock without waiting, and a lock it cannot take belongs to a live
+# writer. A writer checks, once it holds its lock, that its file still has a name (a remover may
+# have taken the lock in the instant between creating and locking), and starts over if not.
+
+
+def _try_lock(fd: int, *, wait: bool) -> bool:
+    """``flock(LOCK_EX)``; False if another open file holds it (only when not waiting) or the
+    file system cannot lock (then nobody can, and a remover leaves the file alone)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # EWOULDBLOCK: held; ENOLCK/EOPNOTSUPP/EINVAL: no locks on this file system
+        return False
+    return True
+
+
+def _new_temp_file(directory: str) -> tuple[int, str]:
+    """A new, locked temporary file in ``directory``: ``(descriptor, path)``."""
+    while True:
+        fd, path = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=directory)
+        try:
+            _try_lock(fd, wait=True)
+            if os.fstat(fd).st_nlink:
+                return fd, path
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # removed by a remover before we locked it: make another
+
+
+def make_scratch_dir(directory: str | None = None, *, prefix: str = _TMP_PREFIX) -> tuple[str, int]:
+    """A new, locked scratch directory: ``(path, descriptor holding the lock)``.
+
+    The lock lasts until the descriptor is closed; remove the directory before closing it, so that
+    a dead owner's directory is the only kind :func:`remove_stale_temporaries` ever finds
+    unlocked. ``directory=None`` means the system temporary directory.
+    """
+    while True:
+        path = tempfile.mkdtemp(prefix=prefix, dir=directory)
+        fd = os.open(
+            path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+        )
+        try:
+            _try_lock(fd, wait=True)
+            if os.fstat(fd).st_nlink:
+                return path, fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+
+
+def remove_stale_temporaries(directory: str, *, prefix: str = _TMP_PREFIX) -> list[str]:
+    """Remove the temporary files and scratch directories in ``directory`` (not below it) whose
+    names start with ``prefix`` and whose writer is no longer alive; return their paths, sorted.
+
+    Safe while other processes write into ``directory``: an entry is removed only while this
+    function holds its ``flock``, which a live writer never lets go of (see the comment above).
+    Entries that cannot be opened or locked (other owners, file systems without ``flock``),
+    symbolic links and special files are left alone. A missing ``directory`` is not an error.
+    """
+    try:
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    removed: list[str] = []
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    for entry in entries:
+        if not entry.name.startswith(prefix):
+            continue
+        try:
+            if not (entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False)):
+                continue
+            fd = os.open(entry.path, flags)
+        except OSError:
+            continue
+        try:
+            if not _try_lock(fd, wait=False):
+                continue  # a live writer's
+            held, now = os.fstat(fd), os.lstat(entry.path)
+            if (held.st_dev, held.st_ino) != (now.st_dev, now.st_ino):
+                continue  # renamed or replaced since we opened it
+            if stat.S_ISDIR(held.st_mode):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+            removed.append(entry.path)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    return removed
+
+
 class _LocalWriter(ObjectWriter):
-    """Writes to a temporary file beside the target, then fsync + rename on commit."""
+    """Writes to a locked temporary file beside the target, then fsync + rename on commit (the
+    lock is held until after the rename, so a remover of stale temporaries never takes it)."""
 
     def __init__(self, store: LocalStore, key: str, path: str, fsync: bool) -> None:
         super().__init__()
@@ -46,7 +151,7 @@ class _LocalWriter(ObjectWriter):
         directory = os.path.dirname(path)
         try:
             os.makedirs(directory, exist_ok=True)
-            fd, self._tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=directory)
+            fd, self._tmp = _new_temp_file(directory)
         except OSError as exc:
             raise store._translate(exc, key, writing=True) from exc
         self._file = os.fdopen(fd, "wb", buffering=1 << 20)
@@ -59,12 +164,14 @@ class _LocalWriter(ObjectWriter):
 
     def _commit(self) -> None:
         try:
-            self._file.flush()
-            if self._fsync:
-                os.fsync(self._file.fileno())
-            self._file.close()
-            os.chmod(self._tmp, 0o666 & ~_umask())
-            os.replace(self._tmp, self._path)
+            try:
+                self._file.flush()
+                if self._fsync:
+                    os.fsync(self._file.fileno())
+                os.fchmod(self._file.fileno(), 0o666 & ~_umask())
+                os.replace(self._tmp, self._path)
+            finally:
+                self._file.close()  # releases the lock, after the rename
         except OSError as exc:
             raise self._store._translate(exc, self._key, writing=True) from exc
         if self._fsync:
@@ -72,12 +179,13 @@ class _LocalWriter(ObjectWriter):
 
     def _abort(self) -> None:
         try:
+            os.unlink(self._tmp)  # while still locked
+        except OSError:
+            pass
+        try:
             self._file.close()
-        finally:
-            try:
-                os.unlink(self._tmp)
-            except OSError:
-                pass
+        except OSError:
+            pass  # buffered bytes that cannot be written (a full disk) belong to a removed file
 
 
 _UMASK: int | None = None
@@ -99,7 +207,10 @@ class LocalStore(Store):
     workers can read concurrently). Writes go to a temporary file in the target's directory, are
     fsynced, then renamed over the target, so readers never see a partial object. Temporary files
     start with ``.fastload-tmp-`` and are never listed; keys with a segment of that name are
-    rejected. A temporary file left by a killed writer stays on disk (invisible) until removed.
+    rejected. A writer holds an ``flock`` on its temporary file until it commits or aborts; a
+    temporary file left by a killed writer stays on disk (invisible) until
+    :meth:`remove_stale_temporaries` (which ``fastload convert`` calls on its destination)
+    removes it, and that never touches a live writer's file.
 
     Filesystem limits: a key cannot be both an object and a prefix of another key followed by
     ``/`` (``a`` and ``a/b``), since ``a`` would have to be a file and a directory; such a write
@@ -360,6 +471,23 @@ class LocalStore(Store):
             return cast(io.BufferedIOBase, open(path, "rb", buffering=max(chunk_size, 1 << 20)))
         except OSError as exc:
             raise self._translate(exc, key) from exc
+
+    def remove_stale_temporaries(self, prefix: str = "") -> builtins.list[str]:
+        """Remove temporary files and scratch directories left by writers that died (killed
+        processes) in the directory that holds the keys starting with ``prefix`` (``""``: the
+        root; ``"a/b/"``: directory ``a/b``; not below it). Live writers' files are kept, also
+        those of other processes. Returns the removed paths.
+
+        Raises:
+            ReadOnlyStoreError: The store was opened read-only.
+        """
+        self._check_writable(prefix)
+        validate_prefix(prefix, url=self.url)
+        head = prefix.rpartition("/")[0]
+        if head and any(part in ("", ".", "..") for part in head.split("/")):
+            return []  # no key lives there
+        directory = os.path.join(self._root, *head.split("/")) if head else self._root
+        return remove_stale_temporaries(directory)
 
     def local_path(self, key: str) -> str | None:
         path = self._path(key)

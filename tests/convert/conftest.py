@@ -142,12 +142,12 @@ def ordered_keys(url: str | os.PathLike[str]) -> list[str]:
 
 
 def tree_bytes(root: str | os.PathLike[str]) -> dict[str, bytes]:
-    """Relative path → bytes of every file under ``root`` (the local store's hidden temporary files,
-    which a killed writer can leave behind and which no store listing shows, excluded)."""
+    """Relative path → bytes of every file under ``root``, the local store's hidden temporary
+    files included (a conversion removes those that killed writers left)."""
     out = {}
     base = Path(root)
     for path in sorted(base.rglob("*")):
-        if path.is_file() and not path.name.startswith(".fastload-tmp-"):
+        if path.is_file():
             out[str(path.relative_to(base))] = path.read_bytes()
     return out
 

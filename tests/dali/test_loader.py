@@ -148,6 +148,23 @@ def test_resume_mid_epoch_and_elastic(datasets: dict[str, str], stop_after: int)
         make(root, 8, seed=1).load_state_dict(states[0])
 
 
+def test_set_epoch_does_not_silently_drop_a_resume(datasets: dict[str, str]) -> None:
+    root = datasets["tfrecord"]
+    loader = make(root, 4, seed=9)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    it.close()
+    resumed = make(root, 4, seed=9)
+    resumed.load_state_dict(state)
+    with pytest.raises(InvalidArgumentError, match=r"set_epoch\(5\) would drop the resume"):
+        resumed.set_epoch(5)
+    resumed.set_epoch(0)  # the saved epoch: the resume stays
+    assert len(resumed) == len(make(root, 4, seed=9)) - 1
+    resumed.set_epoch(5, discard_resume=True)
+    assert len(resumed) == len(make(root, 4, seed=9))
+
+
 def _reference(jpeg: Any, g: int, flip: bool) -> np.ndarray:
     img = np.asarray(Image.open(io.BytesIO(jpeg(g))).convert("RGB"), dtype=np.float32)
     if flip:

@@ -965,3 +965,31 @@ def test_fast_decoder_never_disagrees_with_protobuf_on_damaged_bytes(
             return
         assert (key, fields) == expected
         assert crc == crc32c(payload)
+
+
+def test_damaged_compressed_stream_under_skip_keeps_the_records_before_it(
+    tmp_path: Path,
+) -> None:
+    """A damaged gzip/zlib stream used to escape the iterator even under on_error='skip'."""
+    store = LocalStore(tmp_path)
+    batch = [{"__key__": f"k{i:03d}", "bin": bytes([i]) * 2000} for i in range(120)]
+    for compression in ("gzip", "zlib"):
+        key = f"s.{compression}.tfrecord"
+        write(store, key, batch, compression=compression)
+        data = store.get(key)
+        store.put(key, data[: len(data) * 3 // 4])  # the compressed stream ends early
+        with pytest.raises(CorruptDataError, match=compression):
+            list(TFRecordReader(store, key))
+        reader = TFRecordReader(store, key, on_error="skip")
+        keys = [s["__key__"] for s in reader]
+        assert reader.skipped == 1
+        assert 0 < len(keys) < 120
+        assert keys == [f"k{i:03d}" for i in range(len(keys))]  # the intact leading records
+        # a flipped byte inflates to garbage: CRCs catch it, the records before it are kept
+        broken = bytearray(data)
+        broken[len(broken) * 3 // 4] ^= 0xFF
+        store.put(key, bytes(broken))
+        reader = TFRecordReader(store, key, on_error="skip")
+        keys = [s["__key__"] for s in reader]
+        assert reader.skipped >= 1
+        assert keys[: len(keys) - 1] == [f"k{i:03d}" for i in range(len(keys) - 1)]

@@ -94,6 +94,79 @@ def test_resume_mid_epoch_exact(fake: SimpleNamespace, stop_after: int) -> None:
     assert sorted(epoch_keys(resumed)) == sorted(fake.all_keys(sizes))
 
 
+def _state_at(fake: SimpleNamespace, ds: fl.Dataset, epoch: int, steps: int) -> dict[str, Any]:
+    """The state of a loader (batch 4) after ``steps`` batches of ``epoch``."""
+    src = fl.DataLoader(ds, batch_size=4, collate_fn=fake.keys_collate)
+    src.set_epoch(epoch)
+    it = iter(src)
+    for _ in range(steps):
+        next(it)
+    return src.state_dict()
+
+
+def test_set_epoch_to_another_epoch_with_a_pending_mid_epoch_resume_raises(
+    fake: SimpleNamespace,
+) -> None:
+    sizes = [9, 14, 3]  # 26 samples: 7 global steps of 4
+    ds = fake.make_dataset(sizes, seed=11)
+    ref = fl.DataLoader(ds, batch_size=4, collate_fn=fake.keys_collate)
+    ref.set_epoch(3)
+    full3 = list(ref)
+    state = _state_at(fake, ds, 3, 4)
+    loader = fl.DataLoader(ds, batch_size=4, collate_fn=fake.keys_collate)
+    loader.load_state_dict(state)
+    with pytest.raises(InvalidArgumentError) as err:
+        loader.set_epoch(5)
+    assert str(err.value) == (
+        "set_epoch(5) would drop the resume that load_state_dict() set up: epoch 3 at global step "
+        "4 of 7, with 3 global steps not delivered yet, which would never be trained. To finish "
+        "epoch 3 first, call set_epoch(3) (or iterate without set_epoch) and move on to epoch 5 "
+        "after it, e.g. `for epoch in range(state['epoch'], epochs): loader.set_epoch(epoch)`; "
+        "to start epoch 5 from its beginning instead, call set_epoch(5, discard_resume=True)"
+    )
+    # Nothing changed: the usual loop (set_epoch with the saved epoch) still resumes exactly.
+    assert (loader.epoch, len(loader)) == (3, 3)
+    loader.set_epoch(3)
+    assert list(loader) == full3[4:]
+    loader.set_epoch(5)  # the resumed epoch was consumed: moving on is normal
+    assert sorted(epoch_keys(loader)) == sorted(fake.all_keys(sizes))
+
+
+def test_set_epoch_discard_resume_starts_the_epoch_afresh(fake: SimpleNamespace) -> None:
+    sizes = [9, 14, 3]
+    ds = fake.make_dataset(sizes, seed=11)
+    full = {}
+    for epoch in (3, 5):
+        ref = fl.DataLoader(ds, batch_size=4, collate_fn=fake.keys_collate)
+        ref.set_epoch(epoch)
+        full[epoch] = list(ref)
+    loader = fl.DataLoader(ds, batch_size=4, collate_fn=fake.keys_collate)
+    loader.load_state_dict(_state_at(fake, ds, 3, 2))
+    loader.set_epoch(5, discard_resume=True)
+    assert list(loader) == full[5]
+    loader.load_state_dict(_state_at(fake, ds, 3, 2))
+    loader.set_epoch(3, discard_resume=True)  # the saved epoch, from its first step
+    assert list(loader) == full[3]
+
+
+@pytest.mark.parametrize("steps", [0, 7])
+def test_set_epoch_replaces_a_resume_with_nothing_pending(
+    fake: SimpleNamespace, steps: int
+) -> None:
+    """A state saved before an epoch's first batch or after its last holds no partial epoch:
+    another epoch replaces it silently (the loop that saves the state at the end of each
+    epoch and calls set_epoch(epoch + 1) on resume)."""
+    sizes = [9, 14, 3]
+    ds = fake.make_dataset(sizes, seed=11)
+    ref = fl.DataLoader(ds, batch_size=4, collate_fn=fake.keys_collate)
+    ref.set_epoch(4)
+    full4 = list(ref)
+    loader = fl.DataLoader(ds, batch_size=4, collate_fn=fake.keys_collate)
+    loader.load_state_dict(_state_at(fake, ds, 3, steps))
+    loader.set_epoch(4)
+    assert list(loader) == full4
+
+
 def test_elastic_resume_other_world_size(fake: SimpleNamespace) -> None:
     """Save on 2 ranks x batch 3, resume on 3 ranks x batch 2 (global batch 6)."""
     sizes = [11, 8, 0, 5]

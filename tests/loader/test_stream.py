@@ -340,3 +340,39 @@ def test_batches_rejects_bad_options(fake: SimpleNamespace) -> None:
         ds.batches(2, rank=2, world_size=2)
     with pytest.raises(InvalidArgumentError):
         ds.batches(2, io_threads=-1)
+
+
+@pytest.mark.parametrize("io_threads", [0, 3])
+def test_progress_records_each_read_where_it_happens(
+    fake: SimpleNamespace, io_threads: int
+) -> None:
+    """A worker that dies inside a read (SIGBUS from a shard truncated while mapped) must be
+    reported with the sample being read: reads run ahead of decoding (between batches, or in the
+    reader threads), so the record of the sample being decoded names another one."""
+    ds = fake.make_dataset([7, 9], shuffle=False)
+    stream = ds.batches(3, rank=0, world_size=1, io_threads=io_threads, prefetch_batches=1)
+    stream.track_progress(1)
+    seen_reads: list[tuple[int, int, set[tuple[int, int]]]] = []  # (shard, pos, reads recorded)
+    seen_decodes: list[tuple[int, int]] = []  # (dataset index of the sample, index recorded)
+    read_raw = ds.read_raw
+
+    def recording_read(shard: int, pos: int) -> dict[str, Any] | None:
+        seen_reads.append((shard, pos, set(stream.progress()[0].reads)))
+        return read_raw(shard, pos)
+
+    def recording_decode(raw: dict[str, Any]) -> dict[str, Any]:
+        seen_decodes.append((raw["__rng_seed__"][2], stream.progress()[0].index))
+        return raw
+
+    ds.read_raw = recording_read  # type: ignore[method-assign]
+    ds.decode = recording_decode
+    batches = list(stream.generate())
+    assert [k for b in batches for k in b["__key__"]] == fake.all_keys([7, 9])
+    assert len(seen_reads) == 16
+    for shard, pos, reads in seen_reads:
+        index = shard * 7 + pos
+        assert (index // 3, index) in reads  # (global step, dataset index) of this very read
+    assert seen_decodes == [(i, i) for i in range(16)]
+    # Afterwards nothing is in progress.
+    progress = stream.progress()[0]
+    assert (progress.index, progress.reads) == (-1, ())

@@ -27,11 +27,15 @@ from fastload.formats.lmdb._layout import (
     value_parts,
 )
 from fastload.storage import LocalStore, Store, validate_key
+from fastload.storage._local import make_scratch_dir, remove_stale_temporaries
 
-__all__ = ["LMDBWriter"]
+__all__ = ["LMDBWriter", "remove_stale_scratch"]
 
-#: Name prefix of the writer's scratch directory; LocalStore never lists names with this prefix.
+#: Name prefix of the writer's scratch directory beside a local shard; LocalStore never lists
+#: names with this prefix, and removes them once their writer is dead.
 _TMP_PREFIX = ".fastload-tmp-lmdb-"
+#: Name prefix of the scratch directory in the system temporary directory (other stores).
+_SCRATCH_PREFIX = "fastload-lmdb-scratch-"
 #: Block size when streaming the finished file to a store that is not a local directory.
 _COPY_CHUNK = 8 * 1024 * 1024
 #: Values are gathered and written to the spill file when this many bytes (or pieces) are pending.
@@ -72,8 +76,26 @@ def _open_env(path: str, map_size: int) -> Any:
         return lmdb.open(path, **options)
 
 
-def _cleanup(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)
+def _cleanup(path: str, lock_fd: int, owner: int) -> None:
+    """Remove the scratch directory, then let go of its lock (in this order: an unlocked scratch
+    directory is a dead writer's). In a forked child (which inherited the writer) only the
+    child's copy of the descriptor is closed: the directory is the parent's."""
+    try:
+        if os.getpid() == owner:
+            shutil.rmtree(path, ignore_errors=True)
+    finally:
+        os.close(lock_fd)
+
+
+def remove_stale_scratch(directory: str | None = None) -> list[str]:
+    """Remove scratch directories that LMDB writers for non-local stores left in ``directory``
+    (default: the system temporary directory) when their process was killed; return their paths.
+
+    A live writer (in any process) holds a lock on its directory, which is never removed.
+    Scratch directories beside local shards (``.fastload-tmp-lmdb-*``) are the local store's
+    temporaries: :meth:`~fastload.storage.LocalStore.remove_stale_temporaries` removes those.
+    """
+    return remove_stale_temporaries(directory or tempfile.gettempdir(), prefix=_SCRATCH_PREFIX)
 
 
 def _write_all(fd: int, parts: list[bytes]) -> None:
@@ -178,7 +200,11 @@ class LMDBWriter(ShardWriter):
     full pages, no free pages, no copy. It then publishes the file atomically: a ``rename`` for a
     local store, a streamed upload through :meth:`~fastload.storage.Store.open_writer` otherwise,
     hashing it on the way. Nothing is visible under ``key`` before :meth:`close` returns;
-    :meth:`abort` (or garbage collection) removes the scratch files.
+    :meth:`abort` (or garbage collection) removes the scratch files. The writer holds an
+    ``flock`` on its scratch directory while it lives; the directory of a killed process stays
+    until :meth:`~fastload.storage.LocalStore.remove_stale_temporaries` (beside local shards)
+    or :func:`remove_stale_scratch` (system temporary directory) removes it; ``fastload
+    convert`` calls both for its destination.
 
     Determinism: the same samples in the same order give byte-identical shards on machines with
     the same page size: the file's bytes depend only on the entries and their order, never on
@@ -217,13 +243,15 @@ class LMDBWriter(ShardWriter):
             fsync = bool(getattr(store, "fsync", getattr(store, "_fsync", True)))
         self._fsync = fsync
         self._target = _local_target(store, key)
+        # A scratch directory locked while this writer lives (see make_scratch_dir), so that a
+        # killed writer's directory can be told from a live one's and removed.
         if self._target is not None:
             directory = os.path.dirname(self._target)
             os.makedirs(directory, exist_ok=True)
-            self._workdir = tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=directory)
+            self._workdir, lock_fd = make_scratch_dir(directory, prefix=_TMP_PREFIX)
         else:
-            self._workdir = tempfile.mkdtemp(prefix="fastload-lmdb-")
-        self._finalizer = weakref.finalize(self, _cleanup, self._workdir)
+            self._workdir, lock_fd = make_scratch_dir(None, prefix=_SCRATCH_PREFIX)
+        self._finalizer = weakref.finalize(self, _cleanup, self._workdir, lock_fd, os.getpid())
         # A file object, so that garbage collection closes it (the finalizer removes the files).
         self._spill = open(os.path.join(self._workdir, "values"), "xb", buffering=0)  # noqa: SIM115
         self._spill_size = 0  # bytes of values so far, written or pending

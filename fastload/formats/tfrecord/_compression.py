@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 import zlib
-from typing import Literal
+from typing import Any, Literal
 
 from fastload.errors import CorruptDataError, InvalidArgumentError
 from fastload.formats.tfrecord._framing import valid_header
@@ -89,11 +89,45 @@ def detect_compression(head: bytes) -> tuple[bool, Compression]:
     return ok and compression == "gzip", compression
 
 
+#: Compressed bytes fed at a time when recovering the output that preceded damage.
+_SALVAGE_STEP = 16 * 1024
+
+
+def _salvage(inflater: Any, data: bytes) -> bytes:
+    """What ``inflater`` (a copy taken before the call that failed on ``data``) decompresses
+    from ``data`` before the damage: ``data`` is fed in steps, and the step that fails once more
+    byte by byte, keeping every byte of output that a successful call returned.
+
+    The output is at most what the failed call was allowed to return (it failed before reaching
+    its limit), so this is as bounded as the normal path.
+    """
+    out: list[bytes] = []
+    pos = 0
+    while pos < len(data):
+        piece = data[pos : pos + _SALVAGE_STEP]
+        trial = inflater.copy()
+        try:
+            out.append(trial.decompress(piece))
+        except zlib.error:
+            for i in range(len(piece)):  # inflater is at the state before this piece
+                try:
+                    out.append(inflater.decompress(piece[i : i + 1]))
+                except zlib.error:
+                    break
+            break
+        inflater = trial
+        pos += len(piece)
+    return b"".join(out)
+
+
 class InflateReader(io.RawIOBase):
     """A read-only stream of the decompressed bytes of a gzip or zlib stream.
 
     Handles concatenated members (``cat a.gz b.gz``). A stream that ends inside a member, or whose
-    bytes do not inflate, raises :class:`CorruptDataError` naming ``url``.
+    bytes do not inflate, raises :class:`CorruptDataError` naming ``url`` and, as its ``offset``,
+    the position in the *decompressed* stream where the damage begins. Every byte decompressed
+    before the damage is returned first (the error comes with the read after them), so a reader
+    of records keeps all the records that precede it.
     """
 
     def __init__(self, source: io.BufferedIOBase, compression: str, *, url: str) -> None:
@@ -105,21 +139,27 @@ class InflateReader(io.RawIOBase):
         self._pos = 0  # next unread byte of _pending
         self._eof = False
         self._consumed = 0  # compressed bytes handed to the inflater
+        self._produced = 0  # decompressed bytes produced so far (_pending included)
+        self._error: CorruptDataError | None = None  # raised once _pending is returned
 
     def readable(self) -> bool:
         return True
 
     def _fail(self, why: str) -> CorruptDataError:
         return CorruptDataError(
-            f"{self._compression}-compressed TFRecord stream {why} (around compressed byte "
-            f"{self._consumed}); the file is damaged or truncated",
+            f"{self._compression}-compressed TFRecord stream {why} after {self._produced} "
+            f"decompressed bytes (around compressed byte {self._consumed}; the error's offset is "
+            "in the decompressed stream); what follows is lost: the file is damaged or truncated",
             url=self._url,
+            offset=self._produced,
         )
 
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
         out = memoryview(buffer).cast("B")
         want = out.nbytes
         while self._pos >= len(self._pending) and not self._eof and want:
+            if self._error is not None:
+                raise self._error
             if self._inflater.eof:
                 rest = self._inflater.unused_data
                 self._inflater = zlib.decompressobj(self._wbits)
@@ -135,11 +175,19 @@ class InflateReader(io.RawIOBase):
                     raise self._fail("ends in the middle of a compressed member")
                 if data is not self._inflater.unconsumed_tail:
                     self._consumed += len(data)
+            before = self._inflater.copy()
+            failure: zlib.error | None = None
             try:
                 self._pending = self._inflater.decompress(data, max(want, _CHUNK))
             except zlib.error as exc:
-                raise self._fail(f"does not decompress ({exc})") from exc
+                # The failed call's output is lost with the exception: recover it, return it,
+                # and raise with the next read.
+                self._pending = _salvage(before, data)
+                failure = exc
             self._pos = 0
+            self._produced += len(self._pending)
+            if failure is not None:
+                self._error = self._fail(f"does not decompress ({failure})")
         n = min(want, len(self._pending) - self._pos)
         out[:n] = memoryview(self._pending)[self._pos : self._pos + n]
         self._pos += n

@@ -298,13 +298,23 @@ class TFRecordReader(ShardReader):
         stream, compression = self._open(offset)
         url, verify, handle, stem = self.url, self.verify, self.policy.handle, self._stem
         unpack_header, unpack_crc = HEADER.unpack, U32LE.unpack
+        failed: list[CorruptDataError] = []  # a damaged compressed stream ends the reading
+
+        def read(n: int) -> bytes:
+            try:
+                return stream.read(n) if n <= _MAX_READ else _read_exact(stream.read, n)
+            except CorruptDataError as exc:  # what inflated before the damage was returned
+                failed.append(exc)
+                return b""
+
         with stream:
-            read = stream.read
             i = start
             while True:
                 header = read(HEADER_SIZE)
                 if len(header) < HEADER_SIZE:
-                    if header:
+                    if failed:
+                        handle(failed[0])
+                    elif header:
                         handle(
                             self._corrupt(
                                 f"truncated TFRecord: the file ends {len(header)} bytes into a "
@@ -325,8 +335,11 @@ class TFRecordReader(ShardReader):
                         )
                     )
                     return
-                payload = read(length) if length <= _MAX_READ else _read_exact(read, length)
-                footer = read(4)
+                payload = read(length)
+                footer = read(4) if not failed else b""
+                if failed:
+                    handle(failed[0])
+                    return
                 if len(payload) < length or len(footer) < 4:
                     handle(
                         self._corrupt(
