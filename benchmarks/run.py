@@ -72,6 +72,7 @@ BENCHES: tuple[Bench, ...] = (
         has_json=False,
         needs=("radosgw", "ceph-mon", "ceph-osd"),
     ),
+    Bench("soak", needs=("radosgw", "ceph-mon", "ceph-osd")),
 )
 
 
