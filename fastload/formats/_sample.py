@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import pickle
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -95,8 +96,29 @@ def _encode_npy(value: Any) -> bytes:
 
 
 def _decode_npy(data: bytes) -> Any:
+    """An array from ``.npy`` bytes, checked before anything is allocated: numpy allocates the
+    array its header declares before reading the data, so a header that lies about its shape
+    would allocate up to the whole address space for a few bytes of input."""
     import numpy as np
+    from numpy.lib import format as npy_format
 
+    stream = io.BytesIO(data)
+    version = npy_format.read_magic(stream)
+    if version == (1, 0):
+        shape, _fortran, dtype = npy_format.read_array_header_1_0(stream)
+    else:  # 2.0 and 3.0 have the same layout (3.0's UTF-8 names read as Latin-1 here)
+        shape, _fortran, dtype = npy_format.read_array_header_2_0(stream)
+    if dtype.hasobject:
+        raise ValueError(
+            f"object arrays (dtype {dtype}) are refused: they are stored as pickles, which can "
+            "run code when loaded; store a numeric array instead"
+        )
+    need, have = math.prod(shape) * dtype.itemsize, len(data) - stream.tell()
+    if not 0 <= need <= have:
+        raise ValueError(
+            f"the npy header declares an array of shape {shape} and dtype {dtype} "
+            f"({need} bytes), but {have} bytes follow it: the field is damaged or truncated"
+        )
     return np.load(io.BytesIO(data), allow_pickle=False)
 
 

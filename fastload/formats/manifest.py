@@ -183,7 +183,7 @@ class Manifest:
         """
         try:
             doc = json.loads(text)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
             raise ManifestError(f"manifest is not valid JSON: {exc}", url=url) from exc
         if not isinstance(doc, dict) or "fastload_manifest" not in doc:
             raise ManifestError(

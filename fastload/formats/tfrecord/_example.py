@@ -35,6 +35,7 @@ from typing import Any
 import msgpack
 from google.protobuf import descriptor_pb2, descriptor_pool, message, message_factory
 
+from fastload.errors import CorruptDataError
 from fastload.formats.manifest import field_type
 from fastload.formats.tfrecord._framing import crc32c_extend
 
@@ -81,8 +82,12 @@ def _float_bytes(values: array[float]) -> bytes:
     return values.tobytes()
 
 
-class ProtoError(Exception):
-    """The payload is not a valid ``tf.train.Example`` (or its ``__key__`` is unusable)."""
+class ProtoError(CorruptDataError):
+    """The payload is not a valid ``tf.train.Example`` (or its ``__key__`` is unusable).
+
+    A :class:`~fastload.errors.CorruptDataError`, so that :func:`decode_example` raises only
+    fastload's format errors; the reader adds the shard, record and offset to the message.
+    """
 
 
 def _build_example_class() -> Any:

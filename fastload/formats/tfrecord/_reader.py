@@ -35,7 +35,11 @@ log = logging.getLogger("fastload.formats")
 
 #: Payloads longer than this are read in pieces of this size (guards against absurd lengths
 #: when CRCs are not verified).
-_MAX_READ = 64 * 1024 * 1024
+#: Reads of a stream are made in pieces of at most this size, so that a damaged length field
+#: (or a decompression bomb) costs memory for the bytes that exist, not for the length declared.
+_MAX_READ = 1024 * 1024
+#: protobuf's limit on a message: a longer record cannot hold a tf.train.Example.
+_MAX_RECORD = 2**31 - 1
 _EXTENSIONS = (".tfrecords", ".tfrecord", ".tfr")
 _COMPRESSED_SUFFIXES = (".gz", ".gzip", ".zz", ".zlib")
 _O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
@@ -299,10 +303,12 @@ class TFRecordReader(ShardReader):
         url, verify, handle, stem = self.url, self.verify, self.policy.handle, self._stem
         unpack_header, unpack_crc = HEADER.unpack, U32LE.unpack
         failed: list[CorruptDataError] = []  # a damaged compressed stream ends the reading
+        # The size bounds a plain file's records before they are read (compressed: unknown).
+        size = self.store.size(self.key) if compression is None else None
 
         def read(n: int) -> bytes:
             try:
-                return stream.read(n) if n <= _MAX_READ else _read_exact(stream.read, n)
+                return _read_exact(stream.read, n)
             except CorruptDataError as exc:  # what inflated before the damage was returned
                 failed.append(exc)
                 return b""
@@ -330,6 +336,20 @@ class TFRecordReader(ShardReader):
                         self._corrupt(
                             f"TFRecord length CRC mismatch in record {i}: the record length "
                             "cannot be trusted, so the rest of the shard cannot be read",
+                            offset,
+                            compression,
+                        )
+                    )
+                    return
+                if length > _MAX_RECORD or (size is not None and offset + length + 16 > size):
+                    handle(
+                        self._corrupt(
+                            f"truncated TFRecord: record {i} declares {length + 16} bytes, "
+                            + (
+                                f"the file has {size - offset} left"
+                                if size is not None and length <= _MAX_RECORD
+                                else "more than a tf.train.Example can hold (2 GiB)"
+                            ),
                             offset,
                             compression,
                         )

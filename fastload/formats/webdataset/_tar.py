@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import zlib
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -251,12 +252,15 @@ class Bad:
     """A problem the scanner found; ``fatal`` means scanning stopped after it.
 
     ``lost_next``: the name of the next member cannot be trusted or the member before it was
-    lost, so the sample the next member belongs to may be incomplete.
+    lost, so the sample the next member belongs to may be incomplete. ``member``: for a
+    truncation inside a member's data, that member's name (its header was read intact), so the
+    members before it are known to be complete.
     """
 
     error: CorruptDataError
     fatal: bool
     lost_next: bool = False
+    member: str | None = None
 
 
 _REGULAR_FLAGS = (0x30, 0, 0x37)  # "0", NUL (old tars), "7" (contiguous file)
@@ -283,7 +287,42 @@ def _expected_adler(field: bytes) -> int:
     return expected
 
 
-def _truncated(url: str, offset: int, what: str) -> Bad:
+#: Blocks in front of the header found after a corrupt one that are kept to tell whether the
+#: corrupt one was a pax/GNU header (8 KiB: a pax body holds a path of at most 4 KiB).
+_META_BLOCKS = 16
+
+
+def _extension_body(blocks: deque[bytes], hdr: bytes) -> bool:
+    """Whether the blocks right in front of ``hdr`` (the valid header found after a corrupt one)
+    look like the body of a pax or GNU long-name header: then the corrupt header was most likely
+    that extension header, and ``hdr`` is the member it described, under a stand-in name."""
+    for n in range(1, len(blocks) + 1):
+        body = b"".join(list(blocks)[-n:]).rstrip(b"\0")
+        if not body:
+            continue
+        if hdr[99] and body.startswith(hdr[:100]) and b"\0" not in body:
+            return True  # a GNU long name: its first 100 bytes are the stand-in name
+        try:
+            if _parse_pax(body):
+                return True
+        except ValueError:
+            pass
+    return False
+
+
+def _first_nonzero(shard: ShardView, start: int) -> int | None:
+    """The offset of the first block at or after ``start`` (a block boundary) that is not all
+    zeros, or ``None``. Reads block by block, so that :class:`StreamView` can hand the block
+    found to the next read again."""
+    pos, size = start, len(shard)
+    while pos < size:
+        if shard[pos : pos + BLOCK].strip(b"\0"):
+            return pos
+        pos += BLOCK
+    return None
+
+
+def _truncated(url: str, offset: int, what: str, member: str | None = None) -> Bad:
     return Bad(
         CorruptDataError(
             f"tar archive ends {what}; the shard is truncated, re-create or re-download it",
@@ -291,6 +330,7 @@ def _truncated(url: str, offset: int, what: str) -> Bad:
             offset=offset,
         ),
         fatal=True,
+        member=member,
     )
 
 
@@ -399,9 +439,14 @@ def scan(
         start: Byte offset to start at (a header boundary).
         want_data: Read regular members' data; else skip over it (``data`` is ``None``).
 
-    Scanning ends at the first zero block (end of archive). After a header with a bad checksum
-    the scanner looks for the next valid ustar header block by block and continues from there
-    (``Bad.fatal`` False); a truncated archive yields a fatal :class:`Bad` and stops.
+    Scanning ends at a zero block that only zeros follow (the end of the archive). Zero blocks
+    with data after them are headers that were wiped (a lost page reads back as zeros), and are
+    reported like a header with a bad checksum: after one, the scanner looks for the next valid
+    ustar header block by block and continues from there (``Bad.fatal`` False, ``lost_next``
+    True). A member whose name cannot be trusted is passed over, not yielded: the one after a
+    malformed pax header, a GNU long-name header with an empty name, or a lost pax/GNU header
+    (recognised by its type flag, or by the pax/long-name body right in front of the header
+    found). A truncated archive yields a fatal :class:`Bad` and stops.
     """
     adler = zlib.adler32
     cache_get = _CHK_CACHE.get
@@ -412,6 +457,7 @@ def scan(
     global_pax: dict[bytes, bytes] = {}
     meta_offset: int | None = None  # offset of the first pax/GNU block of the pending member
     pending = False  # pax/GNU headers apply to the next member: meta_offset or global_pax set
+    drop_next = False  # the next member's name cannot be trusted; pending is set with it
     while True:
         hdr = shard[pos : pos + BLOCK]
         if len(hdr) != BLOCK:
@@ -446,6 +492,7 @@ def scan(
                             data_offset + len(data),
                             f"inside member {name!r}, which declares {msize} bytes at byte "
                             f"offset {data_offset}",
+                            name,
                         )
                         return
                     yield (name, REGULAR, "regular file", pos, data_offset, msize, data)
@@ -456,13 +503,30 @@ def scan(
         if expected is None:
             expected = _expected_adler(chk)
         if (adler(hdr) & 0xFFFF) != expected and not checksum_ok(hdr):
-            if hdr == ZERO_BLOCK:
-                return
             bad_at = pos
+            if hdr == ZERO_BLOCK:
+                # The end of the archive: only zeros follow (not read when at most the second
+                # end block can follow: no member could start there).
+                more = None if pos + 2 * BLOCK >= size else _first_nonzero(shard, pos + BLOCK)
+                if more is None:
+                    return
+                # Zero blocks with more archive after them are headers that were wiped (a lost
+                # page reads back as zeros), not the end: reading them as the end would drop
+                # every later member without a word.
+                problem = (
+                    f"{more - pos} zero bytes where a tar header belongs, with more archive "
+                    f"after them (from byte offset {more}): tar headers were wiped, so the "
+                    "members they described are lost"
+                )
+                pos = more - BLOCK  # resynchronise from the first block after the zeros
+            else:
+                problem = (
+                    "tar header checksum mismatch (corrupt or not a tar archive); the member "
+                    "at this offset is lost"
+                )
             yield Bad(
                 CorruptDataError(
-                    "tar header checksum mismatch (corrupt or not a tar archive); the member "
-                    "at this offset is lost",
+                    f"{problem}; the shard is damaged, re-create or re-download it",
                     url=url,
                     offset=bad_at,
                 ),
@@ -470,9 +534,12 @@ def scan(
                 lost_next=True,
             )
             long_name, pax, meta_offset = None, {}, None
-            pending = bool(global_pax)
+            # A lost pax/GNU header leaves its member with the stand-in name of its ustar
+            # header (truncated, or with '?' for other characters): drop that member too.
+            drop_next = hdr[156] in _META_FLAGS
             # Resynchronise: the next block that is a valid ustar header, or the end.
             zeros = 0
+            skipped: deque[bytes] = deque(maxlen=_META_BLOCKS)  # the last blocks passed over
             while True:
                 pos += BLOCK
                 hdr = shard[pos : pos + BLOCK]
@@ -490,12 +557,16 @@ def scan(
                         fatal=True,
                     )
                     return
+                if hdr[257:262] == b"ustar" and checksum_ok(hdr):
+                    break
+                skipped.append(hdr)
                 if hdr == ZERO_BLOCK:
                     zeros += 1
                     continue
                 zeros = 0
-                if hdr[257:262] == b"ustar" and checksum_ok(hdr):
-                    break
+            if not drop_next and hdr[156] not in _META_FLAGS:
+                drop_next = _extension_body(skipped, hdr)
+            pending = bool(global_pax) or drop_next
             continue
 
         typeflag = hdr[156]
@@ -527,18 +598,36 @@ def scan(
             body = body[:msize]
             if typeflag == 0x4C:  # "L"
                 long_name = body.split(b"\0", 1)[0]
+                if not long_name:
+                    yield Bad(
+                        CorruptDataError(
+                            "GNU long-name header with an empty name; the member it describes "
+                            "is lost, re-create or re-download the shard",
+                            url=url,
+                            offset=pos,
+                        ),
+                        fatal=False,
+                        lost_next=True,
+                    )
+                    long_name, drop_next = None, True
             elif typeflag != 0x4B:  # "x" or "g"; "K" (GNU long link name) is not needed
                 try:
                     records = _parse_pax(body)
+                    if records.get(b"path", b"x") == b"":
+                        raise ValueError("its 'path' record is empty")
                 except ValueError as exc:
                     yield Bad(
                         CorruptDataError(
-                            f"malformed pax extended header: {exc}", url=url, offset=pos
+                            f"malformed pax extended header: {exc}; the member it describes is "
+                            "lost, re-create or re-download the shard",
+                            url=url,
+                            offset=pos,
                         ),
                         fatal=False,
                         lost_next=True,
                     )
                     records = {}
+                    drop_next = drop_next or typeflag == 0x78  # pending is already set
                 if typeflag == 0x78:
                     pax.update(records)
                 else:
@@ -585,9 +674,21 @@ def scan(
                     )
                     return
             long_name, meta_offset, pax = None, None, {}
-            pending = bool(global_pax)
+            pending = bool(global_pax) or drop_next
 
         data_offset = pos + BLOCK
+        if drop_next:  # its name cannot be trusted (see above): pass over it
+            drop_next, pending = False, bool(global_pax)
+            size_on_disk = 0 if typeflag in _NO_DATA_FLAGS or typeflag == 0x35 else msize
+            if data_offset + size_on_disk > size:
+                yield _truncated(
+                    url,
+                    size,
+                    f"inside a member of declared size {msize} at byte offset {data_offset}",
+                )
+                return
+            pos = data_offset + size_on_disk + (-size_on_disk % BLOCK)
+            continue
         if typeflag in _REGULAR_FLAGS and not (typeflag == 0 and name.endswith("/")):
             if want_data:
                 data = shard[data_offset : data_offset + msize]
@@ -597,6 +698,7 @@ def scan(
                         data_offset + len(data),
                         f"inside member {name!r}, which declares {msize} bytes at byte "
                         f"offset {data_offset}",
+                        name,
                     )
                     return
                 pos = data_offset + msize + (-msize % BLOCK)
@@ -617,6 +719,7 @@ def scan(
                 url,
                 size,
                 f"inside member {name!r} (declared size {msize} at byte offset {data_offset})",
+                name,
             )
             return
         yield (name, kind, type_name, header_offset, data_offset, msize, None)

@@ -91,6 +91,10 @@ def parse_index(
             line and says to rebuild it with ``fastload index``.
     """
     fix = "; the index is damaged or stale: rebuild it with `fastload index`"
+    if data and not data.endswith(b"\n"):  # cut inside its last line, which may still parse
+        raise CorruptDataError(
+            f"WebDataset index does not end with a newline: it is truncated{fix}", url=url
+        )
     lines = data.split(b"\n")
     while lines and not lines[-1].strip():
         lines.pop()
