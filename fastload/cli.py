@@ -4,6 +4,11 @@ Each subcommand is a thin layer over the Python API in :mod:`fastload.convert`; 
 writing a ``_add_<name>(subparsers)`` function that sets ``func`` and listing it in
 :data:`SUBCOMMANDS`.
 
+Subcommands that open a store take the store options of :func:`_add_store_options`
+(``--endpoint-url``, ``--store-option KEY=VALUE``; ``convert`` also ``--src-store-option``), and
+the retry lines of :class:`fastload.storage.RetryStore` (INFO on the ``fastload.storage`` logger)
+are printed on stderr, one per retry.
+
 Exit status (every subcommand):
   0  success
   1  error (message on stderr), or ``verify`` found problems
@@ -16,8 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import re
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -48,6 +56,167 @@ def _table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
     out = [line(cells[0]), "  ".join("-" * w for w in widths)]
     out += [line(r) for r in cells[1:]]
     return "\n".join(x.rstrip() for x in out)
+
+
+# ---- store options ------------------------------------------------------------------------------
+
+
+class _UsageError(Exception):
+    """A command line that parses but makes no sense (exit status 2)."""
+
+
+_INT = re.compile(r"[+-]?[0-9]+")
+_FLOAT = re.compile(r"[+-]?([0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)([eE][+-]?[0-9]+)?")
+_BOOLS = {"true": True, "false": False}
+
+
+def parse_option_value(text: str) -> bool | int | float | str:
+    """A ``--store-option`` value: ``true``/``false`` (any case) are bools, ``8``/``-1`` ints,
+    ``0.5``/``1e3`` floats, anything else stays a string."""
+    if text.lower() in _BOOLS:
+        return _BOOLS[text.lower()]
+    if _INT.fullmatch(text):
+        return int(text)
+    if _FLOAT.fullmatch(text):
+        return float(text)
+    return text
+
+
+def _store_option(text: str) -> tuple[str, bool | int | float | str]:
+    """argparse type of ``--store-option KEY=VALUE``. Messages never echo the value (secrets)."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep:  # the text may be a secret meant as a value: not shown
+        raise argparse.ArgumentTypeError("expected KEY=VALUE, such as region=us-east-1 (no '=')")
+    if not key.isidentifier():
+        fixed = key.replace("-", "_")
+        hint = f" (did you mean {fixed}?)" if fixed.isidentifier() else ""
+        raise argparse.ArgumentTypeError(
+            f"{key!r} is not an option name such as endpoint_url or read_only{hint}"
+        )
+    return key, parse_option_value(value)
+
+
+class _StoreOptionAction(argparse.Action):
+    """Collects repeated ``KEY=VALUE`` options into a dict; a key given twice is an error."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        key, value = values
+        options = dict(getattr(namespace, self.dest) or {})
+        if key in options:
+            parser.error(f"{option_string} {key}=... is given twice")
+        options[key] = value
+        setattr(namespace, self.dest, options)
+
+
+_STORE_OPTIONS_DOC = (
+    "--endpoint-url goes to every s3:// URL of the command; without it the standard "
+    "AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL environment variable (or endpoint_url in "
+    "~/.aws/config) is used, else AWS. Credentials come from AWS_ACCESS_KEY_ID/"
+    "AWS_SECRET_ACCESS_KEY, AWS_PROFILE or ~/.aws (keep secrets off the command line: it is "
+    "visible to other users in ps). {targets} Retries are printed on stderr, one line each."
+)
+
+
+def _add_store_options(p: argparse.ArgumentParser, *, src: bool = False) -> None:
+    """Add ``--endpoint-url`` and ``--store-option`` (and for ``convert`` ``--src-store-option``).
+
+    How they apply: ``--endpoint-url URL`` sets ``endpoint_url`` of every ``s3://`` URL on the
+    command line (SRC and DST of ``convert``); ``--store-option`` goes to the store of the URL
+    (``convert``: DST) and overrides ``--endpoint-url`` there; ``--src-store-option`` goes to
+    ``convert``'s SRC and overrides ``--endpoint-url`` there. Options reach
+    :func:`fastload.open_store` unchanged, so the backend rejects unknown keys itself.
+    """
+    targets = (
+        "--store-option goes to DST's store and --src-store-option to SRC's; either overrides "
+        "--endpoint-url for its side."
+        if src
+        else "--store-option goes to the store of URL and overrides --endpoint-url."
+    )
+    doc = textwrap.fill(_STORE_OPTIONS_DOC.format(targets=targets), 76)
+    group = p.add_argument_group("store options", doc)
+    group.add_argument(
+        "--endpoint-url",
+        metavar="URL",
+        default=None,
+        help="S3 endpoint of Ceph RGW or MinIO, e.g. http://127.0.0.1:7480",
+    )
+    side = "DST's store" if src else "the store"
+    group.add_argument(
+        "--store-option",
+        dest="store_options",
+        metavar="KEY=VALUE",
+        type=_store_option,
+        action=_StoreOptionAction,
+        default=None,
+        help=f"an option of {side} (repeatable), e.g. region=us-east-1, max_concurrency=8, "
+        "retry=false; true/false, integers and decimals are converted",
+    )
+    if src:
+        group.add_argument(
+            "--src-store-option",
+            dest="src_store_options",
+            metavar="KEY=VALUE",
+            type=_store_option,
+            action=_StoreOptionAction,
+            default=None,
+            help="an option of SRC's store (repeatable), as --store-option",
+        )
+
+
+def _is_s3(url: str) -> bool:
+    return url[:5].lower() == "s3://"
+
+
+def _options_for(
+    url: str, args: argparse.Namespace, own: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The store options of ``url``: ``--endpoint-url`` if it is an s3:// URL, then ``own``."""
+    options: dict[str, Any] = {}
+    if args.endpoint_url is not None and _is_s3(url):
+        options["endpoint_url"] = args.endpoint_url
+    options.update(own or {})
+    return options or None
+
+
+def _check_endpoint_used(args: argparse.Namespace, **urls: str) -> None:
+    """``--endpoint-url`` without any s3:// URL is a mistake (a path missing ``s3://``?)."""
+    if args.endpoint_url is None or any(_is_s3(u) for u in urls.values()):
+        return
+    names = " nor ".join(urls)
+    raise _UsageError(
+        f"--endpoint-url applies to s3:// URLs, and {'neither ' if len(urls) > 1 else ''}"
+        f"{names} is {'one' if len(urls) > 1 else 'not one'} "
+        f"({', '.join(repr(u) for u in urls.values())}); write an S3 dataset as "
+        "s3://bucket/prefix, or pass options of other stores with --store-option"
+    )
+
+
+class _RetryLines(logging.StreamHandler):  # type: ignore[type-arg]
+    """Prints ``fastload.storage`` records (one line per retry) on the current ``sys.stderr``."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.setStream(sys.stderr)
+        super().emit(record)
+
+
+def _show_retries(command: str, *, quiet: bool) -> None:
+    """Print the store's retry lines (INFO) on stderr; with ``--quiet`` only its warnings."""
+    log = logging.getLogger("fastload.storage")
+    for old in [h for h in log.handlers if isinstance(h, _RetryLines)]:
+        log.removeHandler(old)
+    handler = _RetryLines(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"fastload {command}: %(message)s"))
+    handler.setLevel(logging.WARNING if quiet else logging.INFO)
+    log.addHandler(handler)
+    if log.getEffectiveLevel() > logging.INFO:
+        log.setLevel(logging.INFO)
 
 
 # ---- convert -----------------------------------------------------------------------------------
@@ -109,12 +278,14 @@ def _add_convert(sub: Any) -> None:
     )
     p.add_argument("--prefix", default="shard", help="shard name prefix (default: shard)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress and no summary")
+    _add_store_options(p, src=True)
     p.set_defaults(func=_run_convert)
 
 
 def _run_convert(args: argparse.Namespace) -> int:
     from fastload.convert import convert
 
+    _check_endpoint_used(args, SRC=args.src, DST=args.dst)
     result = convert(
         args.src,
         args.dst,
@@ -131,6 +302,8 @@ def _run_convert(args: argparse.Namespace) -> int:
         source_type=args.source_type,
         prefix=args.prefix,
         quiet=args.quiet,
+        store_options=_options_for(args.dst, args, args.store_options),
+        source_options=_options_for(args.src, args, args.src_store_options),
     )
     return result.exit_code
 
@@ -149,6 +322,7 @@ def _add_inspect(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--samples", type=int, default=3, help="samples to show (default 3)")
     p.add_argument("--shards", type=int, default=20, help="shard rows to show (default 20)")
+    _add_store_options(p)
     p.set_defaults(func=_run_inspect)
 
 
@@ -156,7 +330,12 @@ def _run_inspect(args: argparse.Namespace) -> int:
     from fastload.convert import inspect_dataset
     from fastload.convert._progress import format_bytes
 
-    info = inspect_dataset(args.url, samples=args.samples)
+    _check_endpoint_used(args, URL=args.url)
+    info = inspect_dataset(
+        args.url,
+        samples=args.samples,
+        store_options=_options_for(args.url, args, args.store_options),
+    )
     if args.json:
         _out(json.dumps(info, indent=2, sort_keys=True, ensure_ascii=False))
         return 0
@@ -214,13 +393,19 @@ def _add_verify(sub: Any) -> None:
     p.add_argument("url", help="dataset root (directory or store URL)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-index", action="store_true", help="do not check index files")
+    _add_store_options(p)
     p.set_defaults(func=_run_verify)
 
 
 def _run_verify(args: argparse.Namespace) -> int:
     from fastload.convert import verify_dataset
 
-    report = verify_dataset(args.url, check_index=not args.no_index)
+    _check_endpoint_used(args, URL=args.url)
+    report = verify_dataset(
+        args.url,
+        check_index=not args.no_index,
+        store_options=_options_for(args.url, args, args.store_options),
+    )
     if args.json:
         _out(json.dumps(report.to_json(), indent=2, sort_keys=True))
     else:
@@ -249,13 +434,20 @@ def _add_index(sub: Any) -> None:
     p.add_argument("url", help="dataset root or a directory of shards")
     p.add_argument("--format", default=None, help="only shards of this format")
     p.add_argument("--no-manifest", action="store_true", help="write index files only, no manifest")
+    _add_store_options(p)
     p.set_defaults(func=_run_index)
 
 
 def _run_index(args: argparse.Namespace) -> int:
     from fastload.convert import index_dataset
 
-    result = index_dataset(args.url, format=args.format, write_manifest_file=not args.no_manifest)
+    _check_endpoint_used(args, URL=args.url)
+    result = index_dataset(
+        args.url,
+        format=args.format,
+        write_manifest_file=not args.no_manifest,
+        store_options=_options_for(args.url, args, args.store_options),
+    )
     _out(
         f"{result.format}: wrote {len(result.indexed)} index files, {len(result.unchanged)} "
         f"were up to date"
@@ -299,8 +491,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``fastload`` command; returns the exit status (see the module docstring)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    _show_retries(args.command, quiet=bool(getattr(args, "quiet", False)))
     try:
         code: int = args.func(args)
+    except _UsageError as exc:
+        sys.stderr.write(f"fastload {args.command}: error: {exc}\n")
+        return 2
     except KeyboardInterrupt:
         sys.stderr.write("fastload: interrupted\n")
         return 130

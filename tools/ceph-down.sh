@@ -17,5 +17,11 @@ for f in rgw osd.0 mon.a; do # reverse start order, one at a time (an OSD whose 
   if ours "$pid"; then kill -KILL "$pid"; echo "ceph-down: $f (pid $pid) killed after 10 s"
   else echo "ceph-down: $f (pid $pid) stopped"; fi
 done
+ENDPOINT=$(sed -n 's/^export S3_ENDPOINT_URL=//p' "$RUN/s3.env" 2>/dev/null || true)
 rm -rf "$RUN"
 awk -v a="$T0" -v b="$(date +%s.%N)" -v r="$RUN" 'BEGIN { printf "ceph-down: %s removed (%.2fs)\n", r, b - a }'
+# A shell that ran eval "$(tools/ceph-up.sh)" still points boto3 and fastload at the dead gateway.
+if [ -n "$ENDPOINT" ] && [ "${AWS_ENDPOINT_URL:-}" = "$ENDPOINT" ]; then
+  echo "ceph-down: this shell's AWS_ENDPOINT_URL still names $ENDPOINT; to stop using it:" \
+    "unset AWS_ENDPOINT_URL S3_ENDPOINT_URL AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_DEFAULT_REGION CEPH_CONF"
+fi

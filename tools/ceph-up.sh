@@ -6,7 +6,9 @@
 #
 # stdout: the S3 settings as shell exports (also written to $CEPH_RUN/s3.env), so
 #   eval "$(tools/ceph-up.sh)"
-# configures the current shell. Progress goes to stderr. If a cluster from the same $CEPH_RUN is
+# configures the current shell: AWS_ENDPOINT_URL (read by boto3 >= 1.28, hence by fastload, the
+# fastload command and the aws CLI), the credentials and the region; S3_ENDPOINT_URL (the same URL)
+# is kept for older scripts. Progress goes to stderr. If a cluster from the same $CEPH_RUN is
 # already up and answering, its settings are printed and nothing is started (exit 0). A run
 # directory left behind by a killed cluster (no recorded daemon alive) is removed and started over.
 #
@@ -53,6 +55,11 @@ alive() { # a recorded daemon of this run is alive (CEPH_CONF in its environment
 if [ -e "$RUN" ]; then
   if [ -f "$RUN/s3.env" ] && alive && rgw_ok; then
     el "reusing the cluster already running from $RUN"
+    # s3.env written by an older ceph-up.sh lacks AWS_ENDPOINT_URL: add it (same URL).
+    if ! grep -q '^export AWS_ENDPOINT_URL=' "$RUN/s3.env"; then
+      line=$(sed -n 's/^export S3_ENDPOINT_URL=/export AWS_ENDPOINT_URL=/p' "$RUN/s3.env")
+      [ -z "$line" ] || echo "$line" >>"$RUN/s3.env"
+    fi
     cat "$RUN/s3.env"
     exit 0
   fi
@@ -167,6 +174,7 @@ radosgw-admin user create --uid=ci --display-name="CI user" \
   --access-key="$S3_ACCESS_KEY" --secret-key="$S3_SECRET_KEY" >"$RUN/rgw/user-ci.json"
 cat >"$RUN/s3.env" <<ENV
 export CEPH_CONF=$CONF
+export AWS_ENDPOINT_URL=http://127.0.0.1:$RGW_PORT
 export S3_ENDPOINT_URL=http://127.0.0.1:$RGW_PORT
 export AWS_ACCESS_KEY_ID=$S3_ACCESS_KEY
 export AWS_SECRET_ACCESS_KEY=$S3_SECRET_KEY

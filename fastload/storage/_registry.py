@@ -25,7 +25,9 @@ set ``default_retry: ClassVar[bool]`` (``True`` for network stores such as S3 an
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -108,12 +110,22 @@ def open_store(
     Raises:
         UnknownSchemeError: No backend is registered for the scheme; lists the known ones.
         MissingDependencyError: The backend's optional dependency is missing; gives the hint.
-        InvalidArgumentError: An option is invalid.
+        InvalidArgumentError: An option is invalid, or unknown to the backend (the message lists
+            the options it accepts).
     """
     text = os.fspath(url)
     scheme, _ = split_scheme(text)
     factory = STORES.load(scheme, error=UnknownSchemeError)
-    store: Store = factory.from_url(text, **options)
+    try:
+        store: Store = factory.from_url(text, **options)
+    except TypeError as exc:
+        unknown = _UNEXPECTED.search(str(exc))
+        if unknown is None or unknown.group(1) not in options:
+            raise
+        raise InvalidArgumentError(
+            f"unknown {scheme} store option {unknown.group(1)!r} for {text}; accepted: "
+            f"{_accepted(factory)}, and for every store {', '.join(_WRAPPER_OPTIONS)}"
+        ) from exc
     if retry is None:
         retry = bool(getattr(factory, "default_retry", False))
     return wrap_store(
@@ -123,6 +135,24 @@ def open_store(
         cache_size=cache_size,
         max_concurrency=max_concurrency,
     )
+
+
+_UNEXPECTED = re.compile(r"unexpected keyword argument '(\w+)'")
+_WRAPPER_OPTIONS = ("retry", "cache_dir", "cache_size", "max_concurrency")
+
+
+def _accepted(factory: type) -> str:
+    """The keyword options a backend's constructor names, for messages."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return "see the backend's documentation"
+    names = [
+        p.name
+        for p in params
+        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is not p.empty
+    ]
+    return ", ".join(names) if names else "none"
 
 
 def wrap_store(

@@ -12,23 +12,39 @@ Which errors are retried:
   :class:`~fastload.errors.StoreUnavailableError` is a ``ConnectionError`` but is *not* retried:
   it means an inner :class:`RetryStore` already gave up.
 
+A store that was never reached fails fast. Until one request of the store has been answered
+(a success, or any error the server sent back), an error caused by a host name that does not
+resolve gets at most :attr:`RetryConfig.dns_retries` retries (default 1), and one caused by a
+connection that could not be made at all (refused, host or network unreachable, connect timeout)
+at most :attr:`RetryConfig.connect_retries` (default 2): a wrong endpoint or a server that is not
+running costs well under a second, not minutes of backoff. Once the store has answered, every
+transient error gets the full budget, so a server restarting mid-epoch is ridden out. The cause
+is found in the error's ``__cause__``/``__context__`` chain (:func:`unreachable_reason`), so a
+backend only has to chain its errors (``raise ... from exc``). Whether the store has answered
+is kept by the wrapper and travels with it when it is pickled (DataLoader workers of a dataset
+that was opened get the full budget).
+
 Backoff is exponential with "full jitter": before retry ``n`` (0-based) the wrapper sleeps a
 uniformly random time in ``[0, min(max_backoff, initial_backoff * backoff_base ** n))``, which
-spreads the retries of many workers that failed together. When the retries or the time budget
-run out it raises :class:`~fastload.errors.StoreUnavailableError` naming the URL, the number of
-attempts and how long it tried, chained to the last error.
+spreads the retries of many workers that failed together. Each retry is logged at INFO on the
+``fastload.storage`` logger as one line, ``retrying (3/10) in 2.1 s: <reason>`` (the ``fastload``
+command prints these on stderr). When the retries or the time budget run out it raises
+:class:`~fastload.errors.StoreUnavailableError` naming the URL, the number of attempts and how long
+it tried, chained to the last error.
 """
 
 from __future__ import annotations
 
 import builtins
+import errno
 import io
 import logging
 import random
+import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from fastload.errors import (
     InvalidArgumentError,
@@ -46,7 +62,7 @@ from fastload.storage._base import (
 )
 from fastload.storage._wrapper import WrapperStore
 
-__all__ = ["RetryConfig", "RetryStore", "is_retryable"]
+__all__ = ["RetryConfig", "RetryStore", "is_retryable", "unreachable_reason"]
 
 logger = logging.getLogger("fastload.storage")
 
@@ -67,6 +83,11 @@ class RetryConfig:
             its first attempt: no retry is started whose sleep would end after it. Default 180.
         retry_builtin_errors: Also retry built-in :class:`ConnectionError` and
             :class:`TimeoutError` that are not fastload errors. Default True.
+        connect_retries: Retries (at most, and never more than ``max_retries``) of an operation
+            that could not connect (refused, unreachable, connect timeout) while the store has
+            never answered. Default 2.
+        dns_retries: Retries (at most, and never more than ``max_retries``) of an operation whose
+            host name did not resolve while the store has never answered. Default 1.
     """
 
     max_retries: int = 10
@@ -75,12 +96,14 @@ class RetryConfig:
     backoff_base: float = 2.0
     retry_timeout: float = 180.0
     retry_builtin_errors: bool = True
+    connect_retries: int = 2
+    dns_retries: int = 1
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_retries, int) or self.max_retries < 0:
-            raise InvalidArgumentError(
-                f"RetryConfig.max_retries must be an int >= 0, got {self.max_retries!r}"
-            )
+        for name in ("max_retries", "connect_retries", "dns_retries"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidArgumentError(f"RetryConfig.{name} must be an int >= 0, got {value!r}")
         for name in ("initial_backoff", "max_backoff", "retry_timeout"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value < 0:
@@ -104,6 +127,46 @@ def is_retryable(exc: BaseException, *, builtin_errors: bool = True) -> bool:
     if isinstance(exc, StoreError):
         return exc.retryable
     return builtin_errors and isinstance(exc, (ConnectionError, TimeoutError))
+
+
+#: OS error numbers of a connection that could not be made at all.
+_CONNECT_ERRNOS = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH})
+#: Class names of connect timeouts in HTTP client libraries (urllib3, botocore, requests), matched
+#: by name so that this module imports none of them.
+_CONNECT_TIMEOUTS = frozenset({"ConnectTimeoutError", "ConnectTimeout"})
+
+
+def unreachable_reason(exc: BaseException) -> Literal["dns", "connect"] | None:
+    """Why ``exc`` says that no connection to the server could be made, or ``None``.
+
+    Looks through ``exc`` and the errors it was raised from (``__cause__``, ``__context__``):
+    ``"dns"`` for a host name that did not resolve (:class:`socket.gaierror`), ``"connect"`` for a
+    connection refused, a host or network unreachable, or a connect timeout. ``None`` for
+    everything else, including errors after a connection was made (resets, read timeouts, 5xx).
+    """
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and len(chain) < 32 and all(current is not e for e in chain):
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    # DNS first: urllib3's NameResolutionError is also a ConnectTimeoutError by inheritance.
+    if any(isinstance(e, socket.gaierror) for e in chain):
+        return "dns"
+    for e in chain:
+        if isinstance(e, ConnectionRefusedError) or (
+            isinstance(e, OSError) and e.errno in _CONNECT_ERRNOS
+        ):
+            return "connect"
+        if any(cls.__name__ in _CONNECT_TIMEOUTS for cls in type(e).__mro__):
+            return "connect"
+    return None
+
+
+def _reason(exc: BaseException, limit: int = 300) -> str:
+    """The fact of ``exc``'s message on one line, for the retry log: fastload messages state what
+    failed, then after ``"; "`` what to do, which the final error repeats."""
+    text = " ".join(str(exc).split()).split("; ", 1)[0] or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _jitter() -> float:
@@ -140,8 +203,9 @@ class RetryStore(WrapperStore):
         jitter: Returns a uniform random float in ``[0, 1)`` that scales each sleep (for tests).
 
     The injected callables must be picklable if the store is pickled (module-level functions
-    are). The wrapper itself keeps no state between calls; it is thread- and process-safe as far
-    as the wrapped store is.
+    are). Besides its configuration the wrapper keeps one flag, whether the store has answered
+    yet (see the module documentation); it is pickled with the wrapper. It is thread- and
+    process-safe as far as the wrapped store is.
     """
 
     def __init__(
@@ -160,42 +224,80 @@ class RetryStore(WrapperStore):
             )
         self._config = config if config is not None else RetryConfig()
         self._sleep, self._clock, self._jitter = sleep, clock, jitter
+        self._answered = False
 
     @property
     def config(self) -> RetryConfig:
         """The retry configuration."""
         return self._config
 
+    @property
+    def answered(self) -> bool:
+        """Whether a request of this store has been answered (then every transient error gets
+        the full retry budget; before, unreachable servers fail fast)."""
+        return self._answered
+
     # ---- the retry loop -----------------------------------------------------------------------
+
+    def _note(self, exc: BaseException | None) -> None:
+        """Record that the server answered: a success (``exc`` None) or an error it sent back.
+
+        A backend's error (:class:`StoreError`) or a built-in :class:`ConnectionError` (a reset
+        needs a connection) counts unless it says no connection was made; a bare
+        :class:`TimeoutError` does not, since it may be a connect timeout.
+        """
+        if self._answered:
+            return
+        if exc is None or (
+            isinstance(exc, StoreError | ConnectionError) and unreachable_reason(exc) is None
+        ):
+            self._answered = True
 
     def _wait_or_give_up(self, op: str, key: str, exc: Exception, retry: int, began: float) -> None:
         """Sleep before retry number ``retry`` (0-based), or raise StoreUnavailableError."""
         config = self._config
+        self._note(exc)
+        reason = None if self._answered else unreachable_reason(exc)
+        limit = config.max_retries
+        if reason == "dns":
+            limit = min(limit, config.dns_retries)
+        elif reason == "connect":
+            limit = min(limit, config.connect_retries)
         elapsed = self._clock() - began
         delay = self._jitter() * config.backoff_bound(retry)
-        if retry >= config.max_retries:
-            reason = f"all {config.max_retries} retries used"
-        elif elapsed + delay > config.retry_timeout:
-            reason = f"another retry would exceed the {config.retry_timeout:g} s budget"
-        else:
-            logger.debug(
-                "%s %s failed (%s: %s); retry %d/%d in %.3f s",
-                op,
-                self.child_url(key) if key else self.url,
-                type(exc).__name__,
-                exc,
-                retry + 1,
-                config.max_retries,
-                delay,
-            )
+        where = self.child_url(key) if key else self.url
+        if retry < limit and elapsed + delay <= config.retry_timeout:
+            logger.info("retrying (%d/%d) in %.2g s: %s", retry + 1, limit, delay, _reason(exc))
             self._sleep(delay)
             return
-        where = self.child_url(key) if key else self.url
+        last = f"last error: {type(exc).__name__}: {exc}"
+        if reason is not None:
+            what = (
+                "the server's host name does not resolve"
+                if reason == "dns"
+                else "no connection to the server could be made"
+            )
+            # fastload's own errors say what to check; a bare OSError does not.
+            advice = (
+                ""
+                if isinstance(exc, StoreError)
+                else ". Check the store's address and that its server is running"
+            )
+            raise StoreUnavailableError(
+                f"{op} {where} failed: {what}; gave up after {retry + 1} attempts in "
+                f"{elapsed:.1f} s, since the store has not answered any request yet. "
+                f"{last}{advice}",
+                url=where,
+            ) from exc
+        if retry >= limit:
+            why = f"all {limit} retries used"
+        else:
+            why = f"another retry would exceed the {config.retry_timeout:g} s budget"
         raise StoreUnavailableError(
-            f"{op} {where} failed {retry + 1} times over {elapsed:.1f} s ({reason}); "
-            f"last error: {type(exc).__name__}: {exc}. Check that the store is reachable "
-            "and not overloaded, or allow more with RetryConfig(max_retries=..., "
-            "retry_timeout=...)",
+            f"{op} {where} failed {retry + 1} times over {elapsed:.1f} s ({why}); {last}. "
+            "Check that the store is reachable and not overloaded, then run again (a "
+            "conversion resumes where it stopped); to wait longer, open the store with "
+            "retry=RetryConfig(max_retries=..., retry_timeout=...)",
             url=where,
         ) from exc
 
@@ -205,12 +307,16 @@ class RetryStore(WrapperStore):
         retry = 0
         while True:
             try:
-                return fn()
+                result = fn()
             except Exception as exc:
                 if not is_retryable(exc, builtin_errors=self._config.retry_builtin_errors):
+                    self._note(exc)
                     raise
                 self._wait_or_give_up(op, key, exc, retry, began)
                 retry += 1
+            else:
+                self._answered = True
+                return result
 
     # ---- operations ---------------------------------------------------------------------------
 
@@ -256,15 +362,18 @@ class RetryStore(WrapperStore):
         while True:
             try:
                 for meta in self._store.list(prefix):
+                    self._answered = True
                     if last is not None and meta.key <= last:
                         continue  # already yielded before the failure
                     last = meta.key
                     retry = 0  # progress: the retry count and budget start again
                     yield meta
                     began = self._clock()
+                self._answered = True
                 return
             except Exception as exc:
                 if not is_retryable(exc, builtin_errors=self._config.retry_builtin_errors):
+                    self._note(exc)
                     raise
                 self._wait_or_give_up("list", prefix, exc, retry, began)
                 retry += 1
@@ -352,6 +461,7 @@ class _ResumingReader(io.RawIOBase):
                 return n or 0
             except Exception as exc:
                 if not is_retryable(exc, builtin_errors=self._retry.config.retry_builtin_errors):
+                    self._retry._note(exc)
                     raise
                 self._drop()
                 self._retry._wait_or_give_up("read", self._key, exc, retry, began)

@@ -8,7 +8,14 @@ Built on boto3 (chosen by measurement against the local Ceph RGW; see
   ``AWS_SESSION_TOKEN``, ``AWS_PROFILE``, ``~/.aws/credentials`` and ``~/.aws/config``, container and
   instance metadata. They never appear in ``repr``, exception messages or logs; a pickled store carries
   the options it was given (so workers can authenticate), so do not log pickles.
-* **Addressing**: with ``endpoint_url`` set (RGW, MinIO) path-style addressing is the default.
+* **Endpoint**: the ``endpoint_url`` option (``fastload --endpoint-url``), else the standard
+  environment variables ``AWS_ENDPOINT_URL_S3`` then ``AWS_ENDPOINT_URL``, else ``endpoint_url`` in
+  the profile of ``~/.aws/config`` (boto3 >= 1.28 reads those three itself), else AWS. Error
+  messages name the endpoint the client really talks to. A server that cannot be reached (a host
+  name that does not resolve, a refused connection) is reported as such, naming the endpoint;
+  :class:`~fastload.storage.RetryStore` gives up on it within a second unless the server has
+  answered before.
+* **Addressing**: with an endpoint set (RGW, MinIO) path-style addressing is the default.
 * **Retries**: botocore's own retries are off by default (``botocore_max_attempts=1``): one policy,
   :class:`fastload.storage.RetryStore`, owns backoff and the retry budget, so retries do not multiply.
   :func:`fastload.open_store` adds it for ``s3://`` URLs by default (``retry=...`` to change it);
@@ -65,6 +72,7 @@ from fastload.storage._base import (
     validate_key,
     validate_prefix,
 )
+from fastload.storage._retry import unreachable_reason
 
 __all__ = ["S3Config", "S3Store"]
 
@@ -111,11 +119,13 @@ class S3Config:
 
     Attributes:
         endpoint_url: Server URL for S3-compatible services (``http://127.0.0.1:7480`` for the local
-            Ceph RGW); ``None`` means AWS (or ``AWS_ENDPOINT_URL`` from the environment).
+            Ceph RGW), ``http://`` or ``https://``. ``None`` means ``AWS_ENDPOINT_URL_S3`` or
+            ``AWS_ENDPOINT_URL`` from the environment, or ``endpoint_url`` of the profile in
+            ``~/.aws/config``, or else AWS.
         region: Signing region; ``None`` takes it from the standard chain (``AWS_DEFAULT_REGION``,
             config file), which for RGW and MinIO may be anything, e.g. ``us-east-1``.
         addressing_style: ``"path"``, ``"virtual"`` or ``"auto"``; ``None`` means ``"path"`` when
-            ``endpoint_url`` is set and ``"auto"`` otherwise.
+            an endpoint is set (option or environment) and ``"auto"`` otherwise.
         access_key_id: Access key; with ``secret_access_key`` it overrides the standard chain.
         secret_access_key: Secret key (never shown in ``repr``, messages or logs).
         session_token: Session token for temporary credentials (never shown).
@@ -167,6 +177,16 @@ class S3Config:
     read_only: bool = False
 
     def __post_init__(self) -> None:
+        if self.endpoint_url is not None and not _valid_endpoint(self.endpoint_url):
+            shown = (
+                _redact(self.endpoint_url)
+                if isinstance(self.endpoint_url, str)
+                else repr(self.endpoint_url)
+            )
+            raise InvalidArgumentError(
+                f"endpoint_url must be an http:// or https:// URL with a host, such as "
+                f"http://127.0.0.1:7480, got {shown}"
+            )
         if self.addressing_style not in (None, "path", "virtual", "auto"):
             raise InvalidArgumentError(
                 f"addressing_style must be 'path', 'virtual' or 'auto', got {self.addressing_style!r}"
@@ -210,6 +230,49 @@ class S3Config:
 
 
 _CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(S3Config))
+
+#: The environment variables boto3 reads for the endpoint, in its order of precedence.
+ENDPOINT_ENV_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+
+
+def _valid_endpoint(url: object) -> bool:
+    if not isinstance(url, str):
+        return False
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        return False
+    return parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
+
+
+def _redact(url: str) -> str:
+    """``url`` without any user:password part (endpoints may carry credentials)."""
+    parts = urlsplit(url)
+    if "@" in parts.netloc:
+        return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+    return url
+
+
+def _env_endpoint() -> str | None:
+    """The endpoint boto3 takes from the environment, or ``None``."""
+    if os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() == "true":
+        return None
+    for name in ENDPOINT_ENV_VARS:
+        if os.environ.get(name):
+            return os.environ[name]
+    return None
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """The innermost error of ``exc``'s ``__cause__``/``__context__`` chain."""
+    seen = {id(exc)}
+    while True:
+        nxt = exc.__cause__ or exc.__context__
+        if nxt is None or id(nxt) in seen:
+            return exc
+        seen.add(id(nxt))
+        exc = nxt
 
 
 def _etag(raw: str | None) -> str | None:
@@ -314,12 +377,25 @@ class S3Store(Store):
         endpoint = f", endpoint_url={self._endpoint()!r}" if self.config.endpoint_url else ""
         return f"S3Store({self.url!r}{endpoint})"
 
+    def _raw_endpoint(self) -> str | None:
+        """The endpoint requests go to: the option, else what this process's client resolved
+        (environment, config file, AWS), else the environment; ``None`` for AWS's default."""
+        if self.config.endpoint_url:
+            return self.config.endpoint_url
+        proc = self._proc
+        if proc is not None and proc.pid == os.getpid():
+            return str(proc.client.meta.endpoint_url)
+        return _env_endpoint()
+
     def _endpoint(self) -> str:
-        """The endpoint URL for messages, without any user:password part."""
-        endpoint = self.config.endpoint_url or "AWS S3"
-        parts = urlsplit(endpoint)
-        if parts.username or parts.password:
-            endpoint = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+        """The endpoint requests go to, for messages, without any user:password part."""
+        raw = self._raw_endpoint()
+        if not raw:
+            return "AWS S3"
+        endpoint = _redact(raw)
+        host = (urlsplit(endpoint).hostname or "").lower()
+        if host == "amazonaws.com" or host.endswith(".amazonaws.com"):
+            return f"AWS S3 ({endpoint})"
         return endpoint
 
     def _resources(self) -> _Proc:
@@ -345,12 +421,7 @@ class S3Store(Store):
         from botocore.config import Config
 
         cfg = self.config
-        style = cfg.addressing_style or (
-            "path"
-            if cfg.endpoint_url
-            or os.environ.get("AWS_ENDPOINT_URL_S3", os.environ.get("AWS_ENDPOINT_URL"))
-            else "auto"
-        )
+        style = cfg.addressing_style or ("path" if cfg.endpoint_url or _env_endpoint() else "auto")
         # A boto3 Session is not thread-safe: one per client, created under self._lock.
         session = boto3.session.Session(
             aws_access_key_id=cfg.access_key_id,
@@ -371,7 +442,16 @@ class S3Store(Store):
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
         )
-        return session.client("s3", endpoint_url=cfg.endpoint_url, config=botocore_config)
+        try:
+            return session.client("s3", endpoint_url=cfg.endpoint_url, config=botocore_config)
+        except ValueError as exc:  # botocore: "Invalid endpoint" from the environment or config
+            env = [f"{n}={_redact(os.environ[n])}" for n in ENDPOINT_ENV_VARS if os.environ.get(n)]
+            raise InvalidArgumentError(
+                f"cannot open {self.url}: boto3 rejected the S3 endpoint configuration "
+                f"({type(exc).__name__}); check "
+                + (", ".join(env) if env else "endpoint_url in ~/.aws/config")
+                + "; an endpoint looks like http://127.0.0.1:7480"
+            ) from exc
 
     def _client(self) -> Any:
         return self._resources().client
@@ -455,17 +535,53 @@ class S3Store(Store):
                 url=url,
             )
         if isinstance(exc, BotoCoreError | OSError):
-            # Refused/dropped connections, timeouts, broken response streams: worth retrying.
+            unreachable = self._unreachable(exc, url, action)
+            if unreachable is not None:
+                return unreachable
+            # Dropped connections, timeouts, broken response streams: worth retrying.
             # The botocore message names only the endpoint URL, never credentials.
             text = str(exc)
-            if self.config.endpoint_url:
-                text = text.replace(self.config.endpoint_url, self._endpoint())
+            raw = self._raw_endpoint()
+            if raw:
+                text = text.replace(raw, _redact(raw))
             return TransientStoreError(
                 f"cannot {action} {url} {self._where()}: {type(exc).__name__}: {text}; check that "
                 "the server is up and reachable (RetryStore retries this)",
                 url=url,
             )
         return StoreError(f"cannot {action} {url}: {type(exc).__name__}", url=url)
+
+    def _unreachable(self, exc: BaseException, url: str, action: str) -> TransientStoreError | None:
+        """The error for a server that could not be reached at all, or ``None``.
+
+        Transient (a retry may cure it); :class:`~fastload.storage.RetryStore` still gives up
+        quickly when the store never answered before.
+        """
+        reason = unreachable_reason(exc)
+        if reason is None:
+            return None
+        endpoint = self._endpoint()
+        root = _root_cause(exc)
+        detail = " ".join(str(root).split()) or type(root).__name__
+        if reason == "dns":
+            what = f"the host name of {endpoint} does not resolve ({detail})"
+        elif isinstance(root, ConnectionRefusedError):
+            what = f"connection refused by {endpoint}"
+        else:
+            what = f"cannot connect to {endpoint} ({detail})"
+        where = "the endpoint_url option, --endpoint-url, or AWS_ENDPOINT_URL_S3/AWS_ENDPOINT_URL"
+        if endpoint.startswith("AWS S3"):
+            hint = (
+                f"for Ceph RGW or MinIO, give their endpoint ({where}); for AWS, check the network"
+            )
+        elif reason == "dns":
+            hint = f"check the host name of the endpoint ({where})"
+        else:
+            hint = (
+                f"check that the S3 server is running there and that the endpoint ({where}) "
+                "is right"
+            )
+        return TransientStoreError(f"cannot {action} {url}: {what}; {hint}", url=url)
 
     def _call(self, action: str, key: str | None, fn: Callable[[], _T]) -> _T:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -676,6 +792,40 @@ class S3Store(Store):
         if batch:
             self._delete_batch(batch)
 
+    def abort_incomplete_writes(self, prefix: str = "") -> builtins.list[str]:
+        """Abort every unfinished multipart upload of a key under ``prefix``; return their keys.
+
+        A writer killed before it completed or aborted its upload leaves the upload (and its
+        parts, which the bucket bills for) behind, invisible to :meth:`list`. Call this only when
+        no live writer uses those keys: their uploads would be aborted too, and their
+        ``close()`` would fail. Listing is paginated.
+        """
+        validate_prefix(prefix, url=self.url)
+        cut = len(self._key_prefix)
+        kwargs: dict[str, Any] = {"Bucket": self._bucket, "Prefix": self._key_prefix + prefix}
+        aborted: builtins.list[str] = []
+        while True:
+            page: dict[str, Any] = self._call(
+                "list", None, functools.partial(self._client().list_multipart_uploads, **kwargs)
+            )
+            for upload in page.get("Uploads", ()):
+                full, upload_id = upload["Key"], upload["UploadId"]
+                self._call(
+                    "write",
+                    full[cut:],
+                    functools.partial(
+                        self._client().abort_multipart_upload,
+                        Bucket=self._bucket,
+                        Key=full,
+                        UploadId=upload_id,
+                    ),
+                )
+                aborted.append(full[cut:])
+            if not page.get("IsTruncated"):
+                return aborted
+            kwargs["KeyMarker"] = page.get("NextKeyMarker", "")
+            kwargs["UploadIdMarker"] = page.get("NextUploadIdMarker", "")
+
     def _delete_batch(self, full_keys: builtins.list[str]) -> None:
         request = {"Objects": [{"Key": k} for k in full_keys], "Quiet": True}
         resp = self._call(
@@ -767,13 +917,17 @@ class _S3StreamReader(io.RawIOBase):
                 self._close_body()
                 if attempt == attempts:
                     raise self._store._translate(exc, self._key, "read") from exc
+                delay = min(0.1 * 2**attempt, 2.0)
                 _log.info(
-                    "stream of %s broke at byte %d (%s); resuming with a ranged GET",
+                    "resuming (%d/%d) in %.2g s: the stream of %s broke at byte %d (%s)",
+                    attempt + 1,
+                    attempts,
+                    delay,
                     self._store.child_url(self._key),
                     self._pos,
                     type(exc).__name__,
                 )
-                time.sleep(min(0.1 * 2**attempt, 2.0))
+                time.sleep(delay)
                 continue
             n = len(chunk)
             out[:n] = chunk
@@ -858,8 +1012,17 @@ class _S3Writer(ObjectWriter):
             except TransientStoreError as exc:
                 if attempt == attempts:
                     raise
-                _log.info("part %d of %s failed (%s); retrying", number, self._key, exc)
-                time.sleep(min(0.2 * 2**attempt, 5.0))
+                delay = min(0.2 * 2**attempt, 5.0)
+                _log.info(
+                    "retrying (%d/%d) in %.2g s: part %d of %s: %s",
+                    attempt,
+                    attempts - 1,
+                    delay,
+                    number,
+                    store.child_url(self._key),
+                    " ".join(str(exc).split()),
+                )
+                time.sleep(delay)
                 continue
             return {"PartNumber": number, "ETag": resp["ETag"]}
         raise AssertionError("unreachable")  # pragma: no cover

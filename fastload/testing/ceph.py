@@ -143,7 +143,8 @@ def _parse_env(text: str) -> dict[str, str]:
 def _cluster_from_env(env: dict[str, str], run: Path, started: bool) -> CephS3:
     try:
         return CephS3(
-            endpoint_url=env["S3_ENDPOINT_URL"],
+            # AWS_ENDPOINT_URL since the script exports what boto3 reads; S3_ENDPOINT_URL before
+            endpoint_url=env.get("AWS_ENDPOINT_URL") or env["S3_ENDPOINT_URL"],
             access_key_id=env["AWS_ACCESS_KEY_ID"],
             secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
             region=env.get("AWS_DEFAULT_REGION", "us-east-1"),

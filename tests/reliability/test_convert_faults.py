@@ -29,7 +29,6 @@ import pytest
 from fastload.errors import DatasetExistsError
 from fastload.formats import get_format, read_manifest
 from fastload.storage import LocalStore, MemoryStore, open_store
-from fastload.storage._s3 import S3Store
 from fastload.testing.ceph import CephS3
 from fastload.testing.corpus import write_image_folder
 
@@ -433,12 +432,6 @@ def test_sigkill_then_rerun_on_s3_leaves_exactly_the_dataset(
 
 
 @pytest.mark.ceph
-@pytest.mark.xfail(
-    not hasattr(S3Store, "abort_incomplete_writes"),
-    reason="S3Store has no abort_incomplete_writes(prefix) yet: a re-run cannot abort the "
-    "multipart upload a killed run left (see fastload/convert/README.md)",
-    strict=True,
-)
 def test_rerun_on_s3_aborts_the_multipart_upload_of_a_killed_run(
     ceph_s3: CephS3, s3_bucket: str, s3_client: Any, tmp_path: Path, hook_env: dict[str, str]
 ) -> None:

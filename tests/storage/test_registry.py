@@ -203,3 +203,15 @@ def test_wrap_store_adds_nothing_by_default(tmp_path: Path) -> None:
     assert wrap_store(local) is local
     with pytest.raises(InvalidArgumentError, match="Store"):
         wrap_store("not a store")  # type: ignore[arg-type]
+
+
+def test_unknown_backend_option_is_a_clear_error(tmp_path: Path) -> None:
+    # `fastload verify ./ds --store-option endpoint_url=...`: not a TypeError with a traceback
+    with pytest.raises(InvalidArgumentError) as info:
+        open_store(tmp_path, endpoint_url="http://127.0.0.1:7480")
+    assert str(info.value) == (
+        f"unknown file store option 'endpoint_url' for {tmp_path}; accepted: read_only, fsync, "
+        "and for every store retry, cache_dir, cache_size, max_concurrency"
+    )
+    assert isinstance(info.value.__cause__, TypeError)
+    assert open_store(tmp_path, read_only=True).supports_writes is False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import logging
 import pickle
 import uuid
 from collections import Counter
@@ -30,7 +31,7 @@ from fastload.storage import (
     Store,
     WrapperStore,
 )
-from fastload.storage._retry import _jitter, is_retryable
+from fastload.storage._retry import _jitter, is_retryable, unreachable_reason
 
 
 class FakeTime:
@@ -462,3 +463,170 @@ def test_pickles_with_its_config(tmp_path: object) -> None:
     assert copy.config == RetryConfig(max_retries=3)
     assert copy.url == "memory://pickled-retry"
     assert "RetryConfig(max_retries=3" in repr(copy)
+
+
+# ---- stores that never answered fail fast; stores that answered get the full budget ----------
+
+
+def _refused() -> ConnectionRefusedError:
+    """A real ConnectionRefusedError: connect to a port on 127.0.0.1 that nothing listens on."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except ConnectionRefusedError as exc:
+        return exc
+    raise AssertionError(f"something listens on 127.0.0.1:{port}")
+
+
+def _unresolved() -> OSError:
+    """A real name-resolution error (``.invalid`` never resolves, RFC 6761)."""
+    import socket
+
+    try:
+        socket.getaddrinfo("nonexistent.invalid", 80)
+    except socket.gaierror as exc:
+        return exc
+    raise AssertionError("nonexistent.invalid resolved")
+
+
+def _chained(cause: BaseException, message: str) -> TransientStoreError:
+    """A backend's translated error, raised from ``cause`` as backends do."""
+    try:
+        try:
+            raise cause
+        except OSError as exc:
+            raise TransientStoreError(message, url="memory://x/k") from exc
+    except TransientStoreError as err:
+        return err
+
+
+def test_unreachable_reason_classifies_real_errors() -> None:
+    refused, unresolved = _refused(), _unresolved()
+    assert unreachable_reason(refused) == "connect"
+    assert unreachable_reason(unresolved) == "dns"
+    assert unreachable_reason(_chained(refused, "cannot read")) == "connect"
+    assert unreachable_reason(_chained(unresolved, "cannot read")) == "dns"
+    assert unreachable_reason(_chained(ConnectionResetError(104, "reset"), "x")) is None
+    assert unreachable_reason(TransientStoreError("503 Slow Down")) is None
+    assert unreachable_reason(TimeoutError("read timed out")) is None
+
+
+def test_connection_refused_before_any_answer_fails_after_two_quick_retries(
+    memory: MemoryStore,
+) -> None:
+    memory.put("k", b"v")
+    flaky = Flaky(memory, {"get": 100}, error=_chained(_refused(), "connection refused by X"))
+    store, fake = make(flaky)
+    assert not store.answered
+    with pytest.raises(StoreUnavailableError) as info:
+        store.get("k")
+    assert flaky.calls["get"] == 3  # 2 retries, not 10
+    assert fake.sleeps == pytest.approx([0.1, 0.2])
+    message = str(info.value)
+    assert message.startswith(f"get {memory.child_url('k')} failed: no connection to the server")
+    assert "gave up after 3 attempts in 0.3 s" in message
+    assert "has not answered any request yet" in message
+    assert "connection refused by X" in message  # the backend's message, naming the endpoint
+    assert "RetryConfig" not in message  # no advice to allow more retries
+    assert isinstance(info.value.__cause__, TransientStoreError)
+
+
+def test_unresolvable_host_fails_after_one_retry(memory: MemoryStore) -> None:
+    flaky = Flaky(memory, {"head": 100}, error=_chained(_unresolved(), "host does not resolve"))
+    store, fake = make(flaky)
+    with pytest.raises(StoreUnavailableError, match="host name does not resolve") as info:
+        store.head("k")
+    assert flaky.calls["head"] == 2
+    assert fake.sleeps == pytest.approx([0.1])
+    assert "gave up after 2 attempts" in str(info.value)
+
+
+def test_fast_fail_limits_are_configurable_and_capped_by_max_retries(
+    memory: MemoryStore,
+) -> None:
+    error = _chained(_refused(), "refused")
+    flaky = Flaky(memory, {"get": 100}, error=error)
+    store, _ = make(flaky, RetryConfig(connect_retries=5))
+    with pytest.raises(StoreUnavailableError):
+        store.get("k")
+    assert flaky.calls["get"] == 6
+    flaky = Flaky(memory, {"get": 100}, error=error)
+    store, _ = make(flaky, RetryConfig(max_retries=1, connect_retries=5))
+    with pytest.raises(StoreUnavailableError):
+        store.get("k")
+    assert flaky.calls["get"] == 2
+    for bad in ({"connect_retries": -1}, {"dns_retries": 1.0}, {"connect_retries": True}):
+        with pytest.raises(InvalidArgumentError, match="must be an int >= 0"):
+            RetryConfig(**bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("cause", [_refused, _unresolved], ids=["refused", "dns"])
+def test_after_the_store_answered_unreachable_gets_the_full_budget(
+    memory: MemoryStore, cause: Any
+) -> None:
+    # A server restarting mid-epoch: it answered before, so it is waited for.
+    memory.put("k", b"v")
+    flaky = Flaky(memory, {}, error=_chained(cause(), "cannot connect"))
+    store, fake = make(flaky)
+    assert store.get("k") == b"v"
+    assert store.answered
+    flaky.failures["get"] = 7
+    assert store.get("k") == b"v"
+    assert flaky.calls["get"] == 1 + 8
+    assert len(fake.sleeps) == 7
+    flaky.failures["get"] = 100
+    with pytest.raises(StoreUnavailableError) as info:
+        store.get("k")
+    assert "all 10 retries used" in str(info.value)
+    assert "RetryConfig(max_retries=" in str(info.value)  # here waiting longer may help
+
+
+def test_an_error_the_server_sent_counts_as_an_answer(memory: MemoryStore) -> None:
+    flaky = Flaky(memory, {}, error=_chained(_refused(), "refused"))
+    store, _ = make(flaky)
+    with pytest.raises(ObjectNotFoundError):
+        store.get("missing")  # a 404 comes from a server that runs
+    assert store.answered
+    memory.put("k", b"v")
+    flaky.failures["get"] = 4
+    assert store.get("k") == b"v"  # 4 > connect_retries: the full budget applied
+    store, _ = make(Flaky(memory, {"get": 1}))  # a 503, then success
+    assert store.get("k") == b"v"
+    assert store.answered
+
+
+def test_answered_travels_with_the_pickled_store(memory: MemoryStore) -> None:
+    memory.put("k", b"v")
+    store = RetryStore(memory)
+    assert not pickle.loads(pickle.dumps(store)).answered
+    store.get("k")
+    assert pickle.loads(pickle.dumps(store)).answered  # DataLoader workers of an opened dataset
+
+
+def test_list_and_reader_record_the_answer(memory: MemoryStore) -> None:
+    memory.put("k", b"value")
+    listing, _ = make(memory)
+    assert listing.list_keys() == ["k"]
+    assert listing.answered
+    reading, _ = make(memory)
+    with reading.open_reader("k") as reader:
+        assert reader.read() == b"value"
+    assert reading.answered
+
+
+def test_each_retry_is_one_info_line(memory: MemoryStore, caplog: pytest.LogCaptureFixture) -> None:
+    memory.put("k", b"v")
+    error = TransientStoreError("cannot read memory://x/k: HTTP 503; retry later\nsecond line")
+    store, _ = make(Flaky(memory, {"get": 2}, error=error), jitter=0.5)
+    with caplog.at_level(logging.INFO, logger="fastload.storage"):
+        assert store.get("k") == b"v"
+    lines = [r.getMessage() for r in caplog.records if r.name == "fastload.storage"]
+    assert lines == [
+        "retrying (1/10) in 0.05 s: cannot read memory://x/k: HTTP 503",
+        "retrying (2/10) in 0.1 s: cannot read memory://x/k: HTTP 503",
+    ]
+    assert all(r.levelno == logging.INFO for r in caplog.records)

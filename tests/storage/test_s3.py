@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import pickle
+import socket
+import threading
+import time
 import traceback
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from botocore.exceptions import ResponseStreamingError
@@ -93,6 +99,104 @@ def test_connection_refused_is_transient_and_names_endpoint() -> None:
     retried = RetryStore(store, RetryConfig(max_retries=2, initial_backoff=0.01))
     with pytest.raises(StoreUnavailableError, match="s3://bkt/k"):
         retried.get("k")
+
+
+def _closed_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (bound, then closed)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def no_endpoint_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No endpoint or config file from the developer's shell (eval "$(tools/ceph-up.sh)")."""
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+def test_refused_endpoint_fails_fast_naming_it(no_endpoint_env: None) -> None:
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    store = open_store(
+        "s3://bkt/ds", endpoint_url=endpoint, access_key_id="A", secret_access_key=SECRET
+    )
+    began = time.monotonic()
+    with pytest.raises(StoreUnavailableError) as info:
+        store.get("fastload.json")
+    assert time.monotonic() - began < 10  # was 10 retries with backoff up to 15 s each
+    message = str(info.value)
+    assert message.startswith("get s3://bkt/ds/fastload.json failed: no connection to the server")
+    assert f"connection refused by {endpoint}" in message
+    assert "gave up after 3 attempts" in message
+    assert "--endpoint-url" in message  # what a CLI user can change
+    assert SECRET not in "".join(traceback.format_exception(info.value))
+
+
+def test_unresolvable_endpoint_fails_after_one_retry(no_endpoint_env: None) -> None:
+    endpoint = "http://nonexistent.invalid:80"  # .invalid never resolves (RFC 6761)
+    store = open_store(
+        "s3://bkt/ds", endpoint_url=endpoint, access_key_id="A", secret_access_key=SECRET
+    )
+    began = time.monotonic()
+    with pytest.raises(StoreUnavailableError) as info:
+        store.head("fastload.json")
+    assert time.monotonic() - began < 10
+    message = str(info.value)
+    assert "the server's host name does not resolve" in message
+    assert f"the host name of {endpoint} does not resolve" in message
+    assert "gave up after 2 attempts" in message
+    assert "check the host name of the endpoint" in message
+
+
+def test_endpoint_from_the_environment_as_boto3_reads_it(
+    no_endpoint_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    generic, specific, explicit = (f"http://127.0.0.1:{_closed_port()}" for _ in range(3))
+
+    def refused_by(**options: Any) -> str:
+        store = S3Store("bkt", access_key_id="A", secret_access_key=SECRET, **options)
+        with pytest.raises(TransientStoreError) as info:
+            store.head("k")
+        assert store._client().meta.endpoint_url == store._endpoint()
+        return str(info.value)
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", generic)
+    assert f"connection refused by {generic};" in refused_by()
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", specific)  # the S3-specific one wins
+    assert f"connection refused by {specific};" in refused_by()
+    assert f"connection refused by {explicit};" in refused_by(endpoint_url=explicit)
+    assert S3Store("bkt")._make_client().meta.config.s3["addressing_style"] == "path"
+
+
+def test_without_any_endpoint_messages_say_aws(no_endpoint_env: None) -> None:
+    store = S3Store("bkt", access_key_id="A", secret_access_key=SECRET, region="us-east-1")
+    assert store._endpoint() == "AWS S3"
+    store._client()  # creating the client sends nothing
+    assert store._endpoint() == "AWS S3 (https://s3.amazonaws.com)"
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    ["127.0.0.1:7480", "ftp://127.0.0.1", "http://", "http://127.0.0.1:port", 7480],
+)
+def test_invalid_endpoint_is_refused_up_front(endpoint: object) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"http:// or https:// URL .* got "):
+        S3Store("bkt", endpoint_url=endpoint)
+    with pytest.raises(InvalidArgumentError) as info:
+        S3Store("bkt", endpoint_url=f"http://user:{SECRET}@host:port")
+    assert SECRET not in str(info.value)
+
+
+def test_invalid_endpoint_in_the_environment_is_named(
+    no_endpoint_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "not a url")
+    store = open_store("s3://bkt", access_key_id="A", secret_access_key=SECRET)
+    with pytest.raises(InvalidArgumentError, match="check AWS_ENDPOINT_URL=not a url"):
+        store.get("k")
 
 
 # ---- against the Ceph RGW ---------------------------------------------------------------------------
@@ -480,3 +584,108 @@ def test_stream_resumes_after_radosgw_restart(ceph_s3: CephS3, s3_client: Any) -
         rest = reader.read()
     store.delete("restart")
     assert head + rest == data
+
+
+class _Proxy:
+    """A TCP forwarder from a port on 127.0.0.1 to radosgw that can be stopped (connections to it
+    are then refused, as to a crashed server) and started again on the same port."""
+
+    def __init__(self, target: str) -> None:
+        parts = urlsplit(target)
+        self._target = (parts.hostname or "127.0.0.1", parts.port or 80)
+        self.port = 0
+        self._server: socket.socket | None = None
+        self._conns: list[socket.socket] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        server = socket.socket()
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", self.port))
+        server.listen(64)
+        self.port = server.getsockname()[1]
+        self._server = server
+        threading.Thread(target=self._accept, args=(server,), daemon=True).start()
+
+    def _accept(self, server: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return  # stopped
+            upstream = socket.create_connection(self._target, timeout=10)
+            self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def stop(self) -> None:
+        """Stop listening and cut every open connection (pooled keep-alive ones too)."""
+        server, self._server = self._server, None
+        if server is not None:
+            with contextlib.suppress(OSError):
+                server.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
+            server.close()
+        conns, self._conns = self._conns, []
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            conn.close()
+
+
+@pytest.mark.ceph
+def test_server_that_answered_is_waited_for_one_that_never_did_is_not(
+    ceph_s3: CephS3, s3_bucket: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A private "server" in front of the shared radosgw, so that stopping it disturbs nobody.
+    proxy = _Proxy(ceph_s3.endpoint_url)
+    proxy.start()
+    patient = RetryConfig(max_retries=60, initial_backoff=0.05, max_backoff=0.2, retry_timeout=20)
+    options = {**ceph_s3.store_options(), "endpoint_url": proxy.url, "retry": patient}
+    store = open_store(f"s3://{s3_bucket}/p", **options)
+    try:
+        store.put("k", b"value")  # answered: from now on outages are ridden out
+        proxy.stop()
+        fresh = open_store(f"s3://{s3_bucket}/p", **options)
+        began = time.monotonic()
+        with pytest.raises(StoreUnavailableError, match=f"connection refused by {proxy.url}"):
+            fresh.get("k")  # never answered: a few quick retries, then the error
+        assert time.monotonic() - began < 5
+        restart = threading.Timer(1.0, proxy.start)
+        restart.start()
+        began = time.monotonic()
+        with caplog.at_level(logging.INFO, logger="fastload.storage"):
+            assert store.get("k") == b"value"
+        restart.join()
+        assert time.monotonic() - began >= 0.9  # it waited for the restart
+        retries = [r.getMessage() for r in caplog.records if "retrying (" in r.getMessage()]
+        assert len(retries) > 3  # more than a never-answered store gets
+        assert all(line.endswith(f"connection refused by {proxy.url}") for line in retries[1:])
+    finally:
+        proxy.stop()
+
+
+@pytest.mark.ceph
+def test_endpoint_from_aws_endpoint_url_alone(
+    ceph_s3: CephS3, s3_bucket: str, no_endpoint_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", ceph_s3.endpoint_url)
+    options = {k: v for k, v in ceph_s3.store_options().items() if k != "endpoint_url"}
+    store = open_store(f"s3://{s3_bucket}/env", **options)
+    store.put("k", b"through the environment")
+    assert store.get("k") == b"through the environment"
+    assert store.inner._endpoint() == ceph_s3.endpoint_url  # type: ignore[attr-defined]
