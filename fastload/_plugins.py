@@ -95,9 +95,13 @@ class PluginRegistry:
             return key
         self._load_entry_points()
         if key not in self._entries:
+            import difflib
+
             hint = f" {self.unknown_hint}" if self.unknown_hint else ""
+            close = difflib.get_close_matches(key, [*self._entries, *self._aliases], n=1)
+            guess = f" did you mean {close[0]!r}?" if close else ""
             raise InvalidArgumentError(
-                f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}.{hint}"
+                f"unknown {self.kind} {name!r};{guess} known: {', '.join(self.names())}.{hint}"
             )
         return key
 

@@ -219,6 +219,72 @@ def _show_retries(command: str, *, quiet: bool) -> None:
         log.setLevel(logging.INFO)
 
 
+# ---- option values ------------------------------------------------------------------------------
+# Bad values are usage errors (exit 2, with the usage line), found before anything runs.
+
+
+def _whole(text: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    return _whole(text, 1)
+
+
+def _count(text: str) -> int:
+    return _whole(text, 0)
+
+
+def _size(text: str) -> int:
+    from fastload._units import parse_size
+
+    try:
+        return parse_size(text)
+    except FastloadError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _registered(registry: str) -> Callable[[str], str]:
+    """argparse type for a name of a plugin registry (formats, sources), with did-you-mean."""
+
+    def parse(text: str) -> str:
+        if registry == "format":
+            from fastload.formats._base import FORMATS as reg
+        else:
+            from fastload.convert._sources import SOURCES as reg
+        try:
+            return str(reg.canonical(text))
+        except FastloadError as exc:
+            message = str(exc).split(". Pass one of these", 1)[0]
+            raise argparse.ArgumentTypeError(message) from None
+
+    parse.__name__ = registry  # argparse names the type in its messages
+    return parse
+
+
+def _shard_progress(command: str) -> Callable[[int, int, int], None] | None:
+    """A progress bar on stderr for ``verify``/``index`` (shards and bytes), on a terminal only."""
+    if not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    bar = tqdm(desc=f"fastload {command}", unit="shard", file=sys.stderr, leave=False)
+
+    def update(done: int, total: int, nbytes: int) -> None:
+        bar.total = total
+        bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
+
+    return update
+
+
 # ---- convert -----------------------------------------------------------------------------------
 
 
@@ -242,16 +308,20 @@ def _add_convert(sub: Any) -> None:
     p.add_argument(
         "--format",
         default="webdataset",
+        type=_registered("format"),
         help="webdataset (wds), tfrecord or lmdb (default: webdataset)",
     )
     p.add_argument(
         "--shard-size",
         default=None,
+        type=_size,
         help="target shard size, e.g. 256MB (decimal) or 1GiB (binary); default 256MB",
     )
-    p.add_argument("--shard-samples", type=int, default=None, help="at most N samples per shard")
     p.add_argument(
-        "--workers", type=int, default=None, help="worker processes (default: all cores)"
+        "--shard-samples", type=_positive_int, default=None, help="at most N samples per shard"
+    )
+    p.add_argument(
+        "--workers", type=_positive_int, default=None, help="worker processes (default: all cores)"
     )
     p.add_argument("--shuffle", action="store_true", help="mix the sample order (see --seed)")
     p.add_argument("--seed", type=int, default=0, help="seed of --shuffle (default 0)")
@@ -274,6 +344,7 @@ def _add_convert(sub: Any) -> None:
     p.add_argument(
         "--source-type",
         default=None,
+        type=_registered("source type"),
         help="force the source type: imagefolder, files, jsonl, text, csv, parquet, shards",
     )
     p.add_argument("--prefix", default="shard", help="shard name prefix (default: shard)")
@@ -320,8 +391,10 @@ def _add_inspect(sub: Any) -> None:
     )
     p.add_argument("url", help="dataset root (directory or store URL)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    p.add_argument("--samples", type=int, default=3, help="samples to show (default 3)")
-    p.add_argument("--shards", type=int, default=20, help="shard rows to show (default 20)")
+    p.add_argument("--samples", type=_count, default=3, help="samples to show (default 3)")
+    p.add_argument(
+        "--shards", type=_positive_int, default=20, help="shard rows to show (default 20)"
+    )
     _add_store_options(p)
     p.set_defaults(func=_run_inspect)
 
@@ -373,7 +446,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
         _out()
         _out(f"first {len(info['samples'])} samples")
         sample_rows = [
-            (s["key"], s["shard"], ", ".join(f"{k}={v}B" for k, v in s["fields"].items()))
+            (s["key"], s["shard"], ", ".join(f"{k}={v}B" for k, v in s["field_bytes"].items()))
             for s in info["samples"]
         ]
         _out(_table(sample_rows, ("key", "shard", "fields (bytes)")))
@@ -405,6 +478,7 @@ def _run_verify(args: argparse.Namespace) -> int:
         args.url,
         check_index=not args.no_index,
         store_options=_options_for(args.url, args, args.store_options),
+        progress=_shard_progress("verify"),
     )
     if args.json:
         _out(json.dumps(report.to_json(), indent=2, sort_keys=True))
@@ -432,7 +506,9 @@ def _add_index(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("url", help="dataset root or a directory of shards")
-    p.add_argument("--format", default=None, help="only shards of this format")
+    p.add_argument(
+        "--format", default=None, type=_registered("format"), help="only shards of this format"
+    )
     p.add_argument("--no-manifest", action="store_true", help="write index files only, no manifest")
     _add_store_options(p)
     p.set_defaults(func=_run_index)
@@ -447,6 +523,7 @@ def _run_index(args: argparse.Namespace) -> int:
         format=args.format,
         write_manifest_file=not args.no_manifest,
         store_options=_options_for(args.url, args, args.store_options),
+        progress=_shard_progress("index"),
     )
     _out(
         f"{result.format}: wrote {len(result.indexed)} index files, {len(result.unchanged)} "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,8 @@ __all__ = [
 ]
 
 _CHUNK = 8 << 20
+#: ``progress(shards done, shards in all, bytes of the shard just done)``, called per shard.
+Progress = Callable[[int, int, int], None]
 _DETECT_BYTES = 4096
 
 
@@ -136,7 +138,7 @@ def inspect_dataset(
     Keys: ``url``, ``format``, ``num_samples``, ``num_bytes``, ``num_shards``, ``schema``,
     ``created_by``, ``metadata``, ``shards`` (name, samples, bytes, sha256, index per shard) and
     ``samples``: the first ``samples`` samples of the first shards as ``{"key", "shard",
-    "fields": {name: size in bytes}}``.
+    "field_bytes": {name: size in bytes}}``.
 
     Raises:
         ObjectNotFoundError: No ``fastload.json`` (the message says to run ``fastload index``).
@@ -154,7 +156,9 @@ def inspect_dataset(
                     {
                         "key": sample["__key__"],
                         "shard": entry.name,
-                        "fields": {k: len(v) for k, v in sample.items() if not k.startswith("__")},
+                        "field_bytes": {
+                            k: len(v) for k, v in sample.items() if not k.startswith("__")
+                        },
                     }
                 )
                 if len(first) >= samples:
@@ -223,13 +227,15 @@ def verify_dataset(
     *,
     store_options: Mapping[str, Any] | None = None,
     check_index: bool = True,
+    progress: Progress | None = None,
 ) -> VerifyReport:
     """Check every shard of a dataset against its manifest.
 
     For each shard: it exists; its size and SHA-256 match; reading it yields the manifest's sample
     count without errors; its index (rebuilt with the format's ``build_index``) equals the stored
     ``.idx`` byte for byte. Then the field counts read must match the manifest's schema. Every
-    problem is reported; nothing stops at the first one.
+    problem is reported; nothing stops at the first one. ``progress`` (see :data:`Progress`) is
+    called after each shard.
 
     Raises:
         ObjectNotFoundError: No manifest.
@@ -303,6 +309,8 @@ def verify_dataset(
         report.samples_read += count
         if check_index:
             _verify_index(store, fmt, entry, report)
+        if progress is not None:
+            progress(report.shards_checked, len(manifest.shards), entry.num_bytes)
     for problem in (grouping.problem(),):
         if problem is not None:
             report.problems.append(f"{store.url}: {problem}")
@@ -365,6 +373,8 @@ class IndexResult:
         manifest_written: Whether ``fastload.json`` was (re)written.
         ignored: Objects that are not shards of the format (not indexed).
         warnings: Observations worth a look (e.g. samples with different field sets).
+        unindexed: Compressed shards (``.tar.gz``, ``.tgz``, ``.tfrecord.gz``, ...): listed in the
+            manifest without an index, because they are read in order only.
     """
 
     url: str
@@ -374,30 +384,90 @@ class IndexResult:
     manifest_written: bool = False
     ignored: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    unindexed: list[str] = field(default_factory=list)
+
+    def note_unindexed(self) -> None:
+        """Add the warning about compressed shards to :attr:`warnings` (once)."""
+        if not self.unindexed:
+            return
+        shown = ", ".join(self.unindexed[:3]) + (" ..." if len(self.unindexed) > 3 else "")
+        self.warnings.append(
+            f"{len(self.unindexed)} shard(s) are compressed ({shown}): they are listed without "
+            "an index and read in order only, so loading them shuffled re-reads a shard for "
+            "every step back, and DALI cannot read them; for training, convert them into "
+            f"indexed shards with `fastload convert {self.url} DST`"
+        )
+
+
+def _head(store: Store, key: str) -> bytes | None:
+    """The first bytes of ``key`` (up to 4 KiB), or ``None`` when it cannot be read."""
+    from fastload.storage import ByteRange
+
+    try:
+        return store.get(key, ByteRange(0, min(store.size(key), _DETECT_BYTES)))
+    except (OSError, FastloadError):
+        return None
+
+
+def _compression(head: bytes) -> str | None:
+    """Whether a shard's first bytes are a compressed stream: a tar inside gzip/bzip2/xz (the
+    ``webdataset`` library's ``.tar.gz``/``.tgz``) or a gzip/zlib TFRecord file. Such shards are
+    read in order only: they get no index."""
+    from fastload.formats.tfrecord._compression import detect_compression
+    from fastload.formats.webdataset._compressed import compression_of
+
+    codec = compression_of(head)
+    if codec is not None:
+        return codec
+    plausible, tf_codec = detect_compression(head)
+    return tf_codec if plausible else None
+
+
+def _is_compressed(store: Store, key: str) -> bool:
+    head = _head(store, key)
+    return head is not None and _compression(head) is not None
+
+
+def _inflated_tar_head(store: Store, key: str) -> bytes:
+    """The first tar block inside a compressed shard (empty when it does not decompress)."""
+    from fastload.formats.webdataset._source import open_shard
+    from fastload.formats.webdataset._tar import BLOCK
+
+    try:
+        with open_shard(store, key, inflate=True) as view:
+            return view[0:BLOCK]
+    except (OSError, FastloadError, ValueError):
+        return b""
 
 
 def _detect_format(store: Store, key: str) -> str | None:
-    try:
-        size = store.size(key)
-        from fastload.storage import ByteRange
-
-        head = store.get(key, ByteRange(0, min(size, _DETECT_BYTES)))
-    except (OSError, FastloadError):
+    head = _head(store, key)
+    if head is None:
         return None
     by_ext = _SHARD_EXT.get(_ext(key))
     candidates = ([by_ext] if by_ext else []) + [n for n in FORMATS.names() if n != by_ext]
+    inner: bytes | None = None  # the tar inside a compressed shard, looked at when needed
     for name in candidates:
         try:
             fmt = get_format(name)
         except FastloadError:
             continue
-        if fmt.detect is not None and fmt.detect(head):
+        if fmt.detect is None:
+            continue
+        if fmt.detect(head):
             return fmt.name
+        if fmt.name == "webdataset" and _compression(head) in ("gzip", "bzip2", "xz"):
+            inner = _inflated_tar_head(store, key) if inner is None else inner
+            if fmt.detect(inner):
+                return fmt.name
     return None
 
 
 def _write_index(store: Store, fmt: Format, key: str, result: IndexResult) -> str | None:
     if fmt.build_index is None:
+        return None
+    if _is_compressed(store, key):
+        result.unindexed.append(key)  # read in order only: there is nothing to index
         return None
     data = fmt.build_index(store, key)
     if data is None:
@@ -421,6 +491,7 @@ def index_dataset(
     format: str | None = None,  # noqa: A002 - mirrors convert(format=...)
     write_manifest_file: bool = True,
     store_options: Mapping[str, Any] | None = None,
+    progress: Progress | None = None,
 ) -> IndexResult:
     """Build or rebuild ``<shard>.idx`` files, and a manifest where there is none.
 
@@ -431,8 +502,15 @@ def index_dataset(
     them in key order is written (``created_by.tool = "fastload index"``). Objects that are not
     shards are left alone and listed in :attr:`IndexResult.ignored`.
 
+    Compressed WebDataset shards (a tar inside gzip/bzip2/xz, as the ``webdataset`` library reads
+    ``.tar.gz``/``.tgz``) are recognised by their first bytes, whatever their names. They are
+    listed as they are, without an index (:attr:`IndexResult.unindexed`, with a warning): the
+    loader reads them in order, exactly once per epoch, but slowly when shuffled; ``fastload
+    convert`` turns them into indexed shards. Compressed TFRecord files are refused with the
+    ``fastload convert`` command that makes indexed shards of them.
+
     Raises:
-        InvalidArgumentError: No shards, or shards of several formats.
+        InvalidArgumentError: No shards, shards of several formats, or compressed TFRecords.
     """
     import fastload
 
@@ -450,10 +528,13 @@ def index_dataset(
             entries.append(
                 ShardEntry(entry.name, entry.num_samples, entry.num_bytes, entry.sha256, index_key)
             )
+            if progress is not None:
+                progress(len(entries), len(manifest.shards), entry.num_bytes)
         if changed and write_manifest_file:
             manifest.shards = entries
             write_manifest(store, manifest)
             result.manifest_written = True
+        result.note_unindexed()
         return result
 
     wanted = FORMATS.canonical(format) if format else None
@@ -501,6 +582,8 @@ def index_dataset(
                         counts[name] = counts.get(name, 0) + 1
         fields.append(counts)
         counted.append((key, sha, size, n))
+        if progress is not None:
+            progress(len(counted), len(shards), size)
     problem = grouping.problem()
     if problem is not None:  # nothing is written for shards that would load wrongly
         raise CorruptDataError(f"cannot index {store.url}: {problem}", url=store.url)
@@ -511,6 +594,7 @@ def index_dataset(
     for key, sha, size, n in counted:
         index_key = _write_index(store, fmt, key, result)
         entries.append(ShardEntry(key, n, size, sha, index_key))
+    result.note_unindexed()
     if write_manifest_file:
         manifest = Manifest(
             format=fmt.name,

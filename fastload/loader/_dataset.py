@@ -20,7 +20,13 @@ import numpy as np
 import numpy.typing as npt
 import torch.utils.data
 
-from fastload.errors import CorruptDataError, FormatError, InvalidArgumentError
+from fastload.errors import (
+    CorruptDataError,
+    FormatError,
+    InvalidArgumentError,
+    MissingDependencyError,
+    UnsafeDataError,
+)
 from fastload.formats import (
     DAMAGED_SHARD_REMEDY,
     MANIFEST_NAME,
@@ -51,6 +57,9 @@ RNG_SEED_KEY = "__rng_seed__"
 #: :func:`open_dataset`, ``prefetch_shards``).
 DEFAULT_PREFETCH_SHARDS = 2
 IntArray = npt.NDArray[np.int64]
+#: Errors of ``decode`` that are not about the sample's bytes (a missing package, a refused
+#: pickle): they raise under every ``on_error`` policy instead of skipping every sample.
+NOT_DATA_ERRORS = (MissingDependencyError, UnsafeDataError)
 
 
 def sample_nbytes(sample: Mapping[str, Any]) -> int:
@@ -390,9 +399,13 @@ class Dataset(torch.utils.data.Dataset[Any]):
         if not self._warned_sequential:
             self._warned_sequential = True
             log.warning(
-                "shard reader %s has no random access; reading sequentially (slow for shuffled "
-                "access). Build indexes with `fastload index %s`",
+                "shard reader %s has no random access to %s; reading sequentially (slow for "
+                "shuffled access). Build indexes with `fastload index %s`, or, for compressed "
+                "shards, which cannot be indexed, convert them into indexed shards with "
+                "`fastload convert %s DST`",
                 type(slot.reader).__name__,
+                self.shard_url(shard),
+                self.url,
                 self.url,
             )
         if slot.cursor is None or slot.cursor[1] is None or slot.cursor[1]["__index__"] > pos:
@@ -456,7 +469,7 @@ class Dataset(torch.utils.data.Dataset[Any]):
         try:
             decoded = self.decode_raw(raw)
         except Exception as exc:
-            if self.on_error == "raise":
+            if self.on_error == "raise" or isinstance(exc, NOT_DATA_ERRORS):
                 exc.add_note(
                     f"while decoding sample {raw.get('__key__')!r} of {self.shard_url(shard)}"
                 )
@@ -512,7 +525,7 @@ class Dataset(torch.utils.data.Dataset[Any]):
 
 
 def open_dataset(
-    url: str | os.PathLike[str] | Store,
+    url: str | os.PathLike[str] | Store | Sequence[str],
     *,
     shuffle: bool = True,
     seed: int = 0,
@@ -528,12 +541,18 @@ def open_dataset(
     cache_size: int | str = DEFAULT_CACHE_SIZE,
     prefetch_shards: int = DEFAULT_PREFETCH_SHARDS,
 ) -> Dataset:
-    """Open a dataset by its manifest (``fastload.json`` at ``url``).
+    """Open a dataset by its manifest (``fastload.json`` at ``url``), or shard URLs as they are.
 
     Args:
         url: The dataset root: a local path, ``file://``, ``s3://bucket/prefix``, ... (opened with
             :func:`fastload.open_store`), or an open :class:`~fastload.storage.Store` whose root
-            is the dataset root.
+            is the dataset root. Or, as the ``webdataset`` library takes them, a brace pattern
+            of shard URLs (``"s3://b/train-{000000..000999}.tar"``, ``"/data/{a,b}-{0..9}.tar"``)
+            or a list of shard URLs: these are indexed on the fly into an in-memory manifest
+            (each shard's ``.idx`` is read, or its tar headers are scanned when it has none;
+            compressed shards are read through; nothing is written, and no SHA-256 is computed:
+            see :func:`fastload.loader._wds.shard_list_manifest`). The shards must share one
+            directory or bucket.
         shuffle: Shuffle the epoch order (block shuffle with a window, see ``block_size``).
         seed: Non-negative seed of the order; the order is a pure function of (seed, epoch).
         decode: ``raw sample -> sample``: runs first on each sample (in the worker). ``None``
@@ -576,10 +595,37 @@ def open_dataset(
     :meth:`~fastload.storage.CachingStore.clear` the old one).
 
     Raises:
-        ObjectNotFoundError: No manifest at ``url``.
+        ObjectNotFoundError: No manifest at ``url`` (or a shard URL names no object).
         ManifestError: The manifest is malformed.
         InvalidArgumentError: An option is invalid, or the format is unknown.
     """
+    options_of_dataset: dict[str, Any] = {
+        "shuffle": shuffle,
+        "seed": seed,
+        "decode": decode,
+        "transform": transform,
+        "fields": fields,
+        "on_error": on_error,
+        "block_size": block_size,
+        "window": window,
+        "max_open_shards": max_open_shards,
+        "prefetch_shards": prefetch_shards,
+    }
+    from fastload.loader._wds import is_shard_pattern, open_shard_urls
+
+    if is_shard_pattern(url) or not isinstance(url, Store | str | os.PathLike):
+        if not isinstance(url, str | Sequence):
+            raise InvalidArgumentError(
+                "open_dataset takes a dataset URL, a Store, a brace pattern of shard URLs or a "
+                f"list of shard URLs, got {type(url).__name__}"
+            )
+        return open_shard_urls(
+            url,
+            store_options=store_options,
+            cache_dir=cache_dir,
+            cache_size=cache_size,
+            **options_of_dataset,
+        )
     if isinstance(url, Store):
         if store_options:
             raise InvalidArgumentError("store_options apply only when url is a URL, not a Store")
@@ -600,17 +646,4 @@ def open_dataset(
     source = store.inner if isinstance(store, CachingStore) else store
     manifest = read_manifest(source, "")
     manifest.resolve_format(url=source.child_url(MANIFEST_NAME))  # fail early, naming the manifest
-    return Dataset(
-        store,
-        manifest,
-        shuffle=shuffle,
-        seed=seed,
-        decode=decode,
-        transform=transform,
-        fields=fields,
-        on_error=on_error,
-        block_size=block_size,
-        window=window,
-        max_open_shards=max_open_shards,
-        prefetch_shards=prefetch_shards,
-    )
+    return Dataset(store, manifest, **options_of_dataset)

@@ -65,7 +65,7 @@ from fastload.loader._collate import (
     empty_like_batch,
     set_buffer_pool,
 )
-from fastload.loader._dataset import RNG_SEED_KEY, Dataset, sample_nbytes
+from fastload.loader._dataset import NOT_DATA_ERRORS, RNG_SEED_KEY, Dataset, sample_nbytes
 from fastload.loader._dist import detect_rank_world
 from fastload.loader._order import EpochOrder, check_seed
 from fastload.loader._partition import Partition
@@ -551,7 +551,9 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
             try:
                 decoded = ds.decode_raw(raw)
             except Exception as exc:
-                if ds.on_error == "raise":
+                # A missing package or a refused pickle is a setup problem, not bad data: it would
+                # "skip" every sample.
+                if ds.on_error == "raise" or isinstance(exc, NOT_DATA_ERRORS):
                     raise WorkerError(
                         f"{where}: decoding {ds.describe(shard, pos, key)} failed: "
                         f"{type(exc).__name__}: {exc} (pass on_error='skip' to drop corrupt "

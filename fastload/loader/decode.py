@@ -13,10 +13,22 @@ extension                     value
 ``json``                      the parsed JSON value
 ``npy``                       ``numpy.ndarray`` (``allow_pickle=False`` always)
 ``txt`` ``text``              ``str`` (UTF-8)
-``pyd`` ``pickle``            refused with :class:`~fastload.errors.UnsafeDataError` unless
-                              ``allow_pickle=True``
+``mp`` ``msgpack``            the unpacked msgpack value
+``ten`` ``tb``                list of arrays (webdataset's ``tenbin``)
+``msg``                       the unpacked msgpack value (webdataset's decoder)
+``npz``                       ``dict`` name -> ``numpy.ndarray`` (object arrays refused)
+``cbor``                      the CBOR value (needs the ``cbor`` package)
+``jsn`` / ``inx``             JSON value / ``int`` (webdataset's spellings)
+``pyd`` ``pickle`` ``pkl``    refused with :class:`~fastload.errors.UnsafeDataError` unless
+``pth``                       ``allow_pickle=True`` (``pth`` is ``torch.load``, a pickle)
+``<name>.gz``                 gunzipped, then decoded as ``<name>`` (``json.gz``)
 anything else                 ``bytes`` as stored
 ============================  ==========================================================
+
+The extensions of the ``webdataset`` ecosystem (``ten``, ``tb``, ``msg``, ``npz``, ``cbor``,
+``jsn``, ``inx``, ``pkl``, ``pth`` and ``.gz`` fields) are decoded by webdataset's own decoders
+(``webdataset.autodecode``), so a sample decodes to what ``wds.WebDataset(...).decode()`` gives;
+the library is imported on the first such field. Pickles stay refused unless ``allow_pickle``.
 
 Image modes (``image=``):
 
@@ -59,13 +71,21 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
-from fastload.errors import FormatError, InvalidArgumentError
+from fastload.errors import (
+    CorruptDataError,
+    FormatError,
+    InvalidArgumentError,
+    MissingDependencyError,
+    UnsafeDataError,
+)
 from fastload.formats._sample import Sample, decode_sample
 
 __all__ = [
     "IMAGE_EXTENSIONS",
     "IMAGE_MODES",
     "JPEG_EXTENSIONS",
+    "PICKLE_EXTENSIONS",
+    "WEBDATASET_EXTENSIONS",
     "Decoder",
     "ImageMode",
     "decode_image",
@@ -81,6 +101,12 @@ JPEG_EXTENSIONS: frozenset[str] = frozenset({"jpg", "jpeg", "jpe", "jfif"})
 IMAGE_EXTENSIONS: frozenset[str] = JPEG_EXTENSIONS | frozenset(
     {"png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "pbm", "pnm"}
 )
+
+#: Extensions decoded by ``webdataset.autodecode``'s decoders (those fastload's own codecs do
+#: not cover; ``npy``, ``mp``, ``json``, ``cls``, ``txt`` ... decode the same way either way).
+WEBDATASET_EXTENSIONS: frozenset[str] = frozenset({"ten", "tb", "msg", "npz", "cbor", "jsn", "inx"})
+#: Extensions whose decoding unpickles (runs code): refused unless ``allow_pickle=True``.
+PICKLE_EXTENSIONS: frozenset[str] = frozenset({"pyd", "pickle", "pkl", "pth"})
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 
@@ -142,6 +168,30 @@ def decode_image(data: bytes, mode: ImageMode = "rgb8") -> Any:
     return arr
 
 
+def _webdataset_decode(ext: str, data: bytes) -> Any:
+    """Decode ``data`` with ``webdataset.autodecode``'s decoder for ``ext``."""
+    from webdataset import autodecode
+
+    return autodecode.decoders[ext](data)  # npz: numpy.load with allow_pickle=False
+
+
+@functools.cache
+def _has_cbor() -> bool:
+    try:
+        import cbor  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _refuse_pickle(ext: str, data: bytes) -> Any:
+    raise UnsafeDataError(
+        f"field extension {ext!r} is a pickle{' (torch.load)' if ext == 'pth' else ''}, and "
+        "unpickling data from a shard can run arbitrary code; pass allow_pickle=True to "
+        "Decoder only if you trust the data's origin"
+    )
+
+
 #: A fused decode+augment callable: ``(encoded bytes, generator) -> value``.
 ImageFn = Callable[[bytes, np.random.Generator], Any]
 
@@ -162,13 +212,15 @@ class Decoder:
         image: How image fields are returned: ``"rgb8"`` (default), ``"l8"``, ``"torch"``,
             ``"pil"``, ``"bytes"`` (leave encoded), or a fused transform such as
             :class:`~fastload.loader.transforms.ImageTrainTransform` (see the module docstring).
-        allow_pickle: Permit ``pyd``/``pickle`` fields, which run code when decoded. Only for data
-            whose origin you trust. ``npy`` fields never unpickle.
+        allow_pickle: Permit ``pyd``/``pickle``/``pkl``/``pth`` fields, which run code when
+            decoded. Only for data whose origin you trust. ``npy``/``npz`` fields never unpickle.
         extra: Further decoders by extension (``{"seg": my_fn}``; ``bytes`` → value); they take
             precedence over the built-in ones. Must be picklable (module-level functions) when
             used with spawn/forkserver workers.
 
     Calling a decoder returns a new dict; the input sample is not modified. Thread-safe.
+    Fields ending in ``.gz`` are decompressed and decoded by the rest of their name; they keep
+    their name (``json.gz`` holds the parsed JSON), as in webdataset.
 
     Raises:
         InvalidArgumentError: ``image`` is not one of :data:`IMAGE_MODES`.
@@ -194,12 +246,39 @@ class Decoder:
         self._fields = self._build_fields()
 
     def _build_fields(self) -> dict[str, Callable[[bytes], Any]]:
-        fields: dict[str, Callable[[bytes], Any]] = {}
+        fields: dict[str, Callable[[bytes], Any]] = {
+            ext: functools.partial(_webdataset_decode, ext) for ext in WEBDATASET_EXTENSIONS
+        }
+        for ext in ("pkl", "pth"):  # pyd and pickle are fastload codecs (refused the same way)
+            fields[ext] = functools.partial(
+                _webdataset_decode if self.allow_pickle else _refuse_pickle, ext
+            )
         if isinstance(self.image, str) and self.image != "bytes":
             image_fn = functools.partial(decode_image, mode=self.image)
             fields.update(dict.fromkeys(IMAGE_EXTENSIONS, image_fn))
         fields.update(self.extra)
         return fields
+
+    def _decode_gz(self, sample: Mapping[str, Any], names: list[str]) -> Sample:
+        """Decode ``sample`` whose fields ``names`` end in ``.gz``: each is gunzipped (by
+        webdataset's ``gzfilter``) and decoded by the rest of its name, under its own name."""
+        from webdataset import autodecode
+
+        rest = {k: v for k, v in sample.items() if k not in names}
+        out = self(rest)
+        meta = {k: v for k, v in sample.items() if k.startswith("__")}
+        for name in names:
+            try:
+                inner = autodecode.gzfilter("." + name, bytes(sample[name]))
+            except Exception as exc:
+                raise CorruptDataError(
+                    f"field {name!r} is not valid gzip ({type(exc).__name__}: {exc})",
+                    url=str(sample.get("__url__", "")),
+                    key=sample.get("__key__"),
+                ) from exc
+            inner_name = inner.key[1:]  # ".json.gz" -> ".json" -> "json"
+            out[name] = self({**meta, inner_name: inner.data})[inner_name]
+        return out
 
     def __call__(self, sample: Mapping[str, Any]) -> Sample:
         """Decode ``sample`` (fields as bytes, metadata such as ``__key__`` copied as is).
@@ -209,13 +288,32 @@ class Decoder:
                 the shard URL (``__url__``), the sample key and the field.
             UnsafeDataError: A pickle field and ``allow_pickle`` is False.
         """
+        gz = [k for k in sample if k.endswith(".gz") and not k.startswith("__")]
+        if gz:
+            return self._decode_gz(sample, gz)
+        if (
+            not _has_cbor()
+            and "cbor" not in self.extra
+            and any(k.rsplit(".", 1)[-1].lower() == "cbor" for k in sample if k[:2] != "__")
+        ):
+            raise MissingDependencyError(
+                "decoding .cbor fields needs the 'cbor' package, which webdataset's CBOR "
+                "decoder uses: pip install cbor (or pass extra={'cbor': bytes} to keep the bytes)"
+            )
         fields = self._fields
         if callable(self.image):
             from fastload.loader.transforms import rng_for
 
             fused = functools.partial(_call_with_rng, self.image, rng_for(sample))
-            fields = {**dict.fromkeys(IMAGE_EXTENSIONS, fused), **self.extra}
-        return decode_sample(sample, allow_pickle=self.allow_pickle, fields=fields)
+            fields = {**self._fields, **dict.fromkeys(IMAGE_EXTENSIONS, fused), **self.extra}
+        try:
+            return decode_sample(sample, allow_pickle=self.allow_pickle, fields=fields)
+        except UnsafeDataError as exc:
+            if exc.url or exc.key is not None:
+                raise
+            raise UnsafeDataError(
+                str(exc), url=str(sample.get("__url__", "")), key=sample.get("__key__")
+            ) from None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"image": self.image, "allow_pickle": self.allow_pickle, "extra": self.extra}

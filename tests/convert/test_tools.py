@@ -48,8 +48,8 @@ def test_inspect_table_and_json(dataset: Path, real_fmt: str) -> None:
     assert info["num_samples"] == 21
     assert info["num_shards"] == 3
     assert [s["key"] for s in info["samples"]] == ["class00/im_000", "class00/im_001"]
-    assert set(info["samples"][0]["fields"]) == {"cls", "jpg"}
-    assert info["samples"][0]["fields"]["cls"] == 1
+    assert set(info["samples"][0]["field_bytes"]) == {"cls", "jpg"}
+    assert info["samples"][0]["field_bytes"]["cls"] == 1
 
 
 def test_verify_ok_then_flipped_byte(dataset: Path, real_fmt: str) -> None:
@@ -278,3 +278,34 @@ def test_output_into_a_closed_pipe_is_not_an_error(dataset: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--format", "webdatset"], "did you mean 'webdataset'?"),
+        (["--source-type", "imagefolders"], "did you mean 'imagefolder'?"),
+        (["--shard-size", "12XB"], "argument --shard-size: cannot parse size '12XB'"),
+        (["--shard-samples", "0"], "argument --shard-samples: must be at least 1, got 0"),
+        (["--workers", "two"], "argument --workers: expected a whole number, got 'two'"),
+    ],
+)
+def test_bad_option_values_are_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:
+    """They used to exit 1 after starting the conversion; --help documents 2."""
+    result = _cli("convert", str(tmp_path / "src"), str(tmp_path / "dst"), *args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "usage: fastload convert" in result.stderr
+    assert not (tmp_path / "dst").exists()
+
+
+def test_verify_and_index_report_progress_per_shard(dataset: Path) -> None:
+    calls: list[tuple[int, int, int]] = []
+    report = fc.verify_dataset(dataset, progress=lambda *a: calls.append(a))
+    n = report.shards_checked
+    assert n > 1
+    manifest = read_manifest(open_store(dataset))
+    assert calls == [(i + 1, n, s.num_bytes) for i, s in enumerate(manifest.shards)]
+    calls.clear()
+    fc.index_dataset(dataset, progress=lambda *a: calls.append(a))
+    assert [c[0] for c in calls] == list(range(1, n + 1))

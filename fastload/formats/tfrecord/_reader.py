@@ -8,7 +8,7 @@ import mmap
 import os
 import posixpath
 from collections.abc import Callable, Iterator
-from typing import Any, ClassVar
+from typing import Any
 
 from fastload.errors import CorruptDataError, FormatError, MissingIndexError, ObjectNotFoundError
 from fastload.formats._base import DAMAGED_SHARD_REMEDY, OnError, ShardReader
@@ -133,8 +133,6 @@ class TFRecordReader(ShardReader):
         chunk_size: Read-ahead of the underlying store stream, in bytes (0: the store's
             default); not used for mapped local shards.
     """
-
-    supports_random_access: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -462,6 +460,15 @@ class TFRecordReader(ShardReader):
                     index.offsets[: self.expected_samples], index.sizes[: self.expected_samples]
                 )
         return index
+
+    @property
+    def supports_random_access(self) -> bool:  # type: ignore[override]
+        """True when the shard is uncompressed and has an index (loaded on first access)."""
+        try:
+            self._load_index()
+        except MissingIndexError:
+            return False
+        return True
 
     def __len__(self) -> int:
         """Number of records, from the index.

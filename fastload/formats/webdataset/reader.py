@@ -10,7 +10,8 @@ from typing import Any
 from fastload.errors import CorruptDataError, FormatError, MissingIndexError, ObjectNotFoundError
 from fastload.formats._base import DAMAGED_SHARD_REMEDY, OnError, ShardReader
 from fastload.formats._mmap import local_file, map_file
-from fastload.formats.webdataset._source import open_shard
+from fastload.formats.webdataset._compressed import HEAD_BYTES, compressed_name, compression_of
+from fastload.formats.webdataset._source import open_shard, scan_shard
 from fastload.formats.webdataset._tar import (
     BLOCK,
     DIRECTORY,
@@ -20,7 +21,6 @@ from fastload.formats.webdataset._tar import (
     ShardView,
     checksum_ok,
     parse_octal,
-    scan,
     split_member_name,
 )
 from fastload.formats.webdataset.index import Component, member_problem, parse_index
@@ -58,6 +58,14 @@ class WebDatasetReader(ShardReader):
     The index is loaded on first use and checked against the shard's size; every random read
     checks the member headers in front of the data it fetches, so a stale index raises instead
     of returning wrong bytes.
+
+    A compressed shard (a tar inside one gzip, bzip2 or xz stream: ``.tar.gz``/``.tgz``,
+    ``.tar.bz2``, ``.tar.xz``, recognised by its first bytes) is streamed through a
+    decompressor, from a local file or any store, and yields the samples of the tar inside it
+    under the same rules. It has no random access: no index is looked up for names with those
+    suffixes, and :meth:`__len__`/:meth:`read` raise :class:`~fastload.errors.MissingIndexError`
+    saying so; :meth:`iter_from` skips. Byte offsets in its errors are offsets in the
+    decompressed stream; a decompression error ends the shard like a truncated archive.
 
     A reader is not thread-safe; pickling it is cheap (the store and key; no open files, no
     maps, no index). :meth:`close` unmaps what :meth:`read` mapped.
@@ -109,6 +117,9 @@ class WebDatasetReader(ShardReader):
     def _load_index(self) -> list[list[Component]] | None:
         if self._index_loaded:
             return self._index
+        if compressed_name(self.key):  # offsets into a compressed tar mean nothing: no index
+            self._index, self._index_loaded = None, True
+            return None
         ikey = self.index_key if self.index_key is not None else self.key + ".idx"
         iurl = self.store.child_url(ikey)
         try:
@@ -160,7 +171,7 @@ class WebDatasetReader(ShardReader):
         samples: list[list[Component]] = []
         last: str | None = None
         with open_shard(self.store, self.key) as shard:
-            for item in scan(shard, self.url, want_data=False):
+            for item in scan_shard(shard, self.url, want_data=False):
                 if isinstance(item, Bad):
                     break
                 name, kind, _, _, data_offset, size, _ = item
@@ -177,6 +188,15 @@ class WebDatasetReader(ShardReader):
             del samples[self.expected_samples :]
         return samples
 
+    def _compression(self) -> str | None:
+        """The shard's compression from its first bytes (for messages; one small read)."""
+        try:
+            size = self.store.size(self.key)
+            head = self.store.get(self.key, ByteRange(0, min(size, HEAD_BYTES)))
+        except (OSError, FormatError):
+            return None
+        return compression_of(head)
+
     @property
     def supports_random_access(self) -> bool:  # type: ignore[override]
         """True when the shard has an index (looked up, and loaded, on first access)."""
@@ -185,6 +205,15 @@ class WebDatasetReader(ShardReader):
     def _require_index(self) -> list[list[Component]]:
         index = self._load_index()
         if index is None:
+            codec = self._compression()
+            if codec is not None:
+                raise MissingIndexError(
+                    f"shard is a {codec}-compressed tar, which is read in order only: its "
+                    "samples cannot be counted or read by position (no index can point into "
+                    "it); iterate it, or convert it into indexed shards with `fastload convert "
+                    "SRC DST`",
+                    url=self.url,
+                )
             raise MissingIndexError(
                 f"shard has no index {self.key}.idx, so samples cannot be counted or read by "
                 "position; build one with `fastload index`",
@@ -311,7 +340,15 @@ class WebDatasetReader(ShardReader):
                 url=self.url,
                 offset=comp.offset - BLOCK,
             )
-        size = parse_octal(hdr[124:136])
+        try:
+            size = parse_octal(hdr[124:136])
+        except ValueError:
+            raise CorruptDataError(
+                f"index line {i + 2}: the tar header in front of the data of "
+                f"{comp.name or comp.ext!r} has an invalid size field{stale}",
+                url=self.url,
+                offset=comp.offset - BLOCK,
+            ) from None
         raw = hdr[0:100].split(b"\0", 1)[0]
         if hdr[345] != 0 and hdr[257:263] == b"ustar\x00":
             raw = hdr[345:500].split(b"\0", 1)[0] + b"/" + raw
@@ -361,8 +398,8 @@ class WebDatasetReader(ShardReader):
         return self._stream(last.offset + last.size + (-last.size % BLOCK), start)
 
     def _stream(self, offset: int, first: int) -> Iterator[dict[str, Any]]:
-        with open_shard(self.store, self.key) as shard:
-            members = scan(shard, self.url, start=offset)
+        with open_shard(self.store, self.key, inflate=True) as shard:
+            members = scan_shard(shard, self.url, start=offset)
             yield from self._samples(members, first)
 
     def _samples(self, members: Iterator[Member | Bad], first: int) -> Iterator[dict[str, Any]]:
@@ -379,6 +416,14 @@ class WebDatasetReader(ShardReader):
                 if raise_now:
                     raise item.error
                 if item.fatal:
+                    cut = split_member_name(item.member) if item.member is not None else None
+                    if sample is not None and cut is not None and cut[0] != key:
+                        # cut inside the next sample's member: the open sample is complete
+                        if bad is None:
+                            yield sample
+                        else:
+                            policy.handle(bad)
+                        sample, bad = None, None
                     policy.handle(bad or item.error)
                     return
                 if sample is not None and bad is None:
