@@ -574,8 +574,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _UsageError as exc:
         sys.stderr.write(f"fastload {args.command}: error: {exc}\n")
         return 2
-    except KeyboardInterrupt:
-        sys.stderr.write("fastload: interrupted\n")
+    except KeyboardInterrupt as exc:
+        # convert notes how far it got and how to resume; other commands have nothing to resume
+        notes = getattr(exc, "__notes__", None) or ["interrupted"]
+        for note in notes:
+            sys.stderr.write(f"fastload {args.command}: {note}\n")
         return 130
     except BrokenPipeError:  # `fastload inspect ... | head`: the reader has what it wanted
         devnull = os.open(os.devnull, os.O_WRONLY)

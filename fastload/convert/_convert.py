@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import difflib
 import errno
 import fcntl
 import gc
@@ -45,6 +46,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import (
     FIRST_COMPLETED,
@@ -65,8 +67,15 @@ from fastload.convert._plan import (
     plan_shards,
     shuffle_units,
 )
-from fastload.convert._progress import Progress, format_bytes, format_duration
-from fastload.convert._sources import SOURCES, ConversionError, Source, Unit, open_source
+from fastload.convert._progress import Progress, format_bytes, format_duration, plural
+from fastload.convert._sources import (
+    IMAGE_EXTENSIONS,
+    SOURCES,
+    ConversionError,
+    Source,
+    Unit,
+    open_source,
+)
 from fastload.errors import (
     DatasetExistsError,
     FastloadError,
@@ -152,6 +161,14 @@ class ConvertResult:
         manifest: The manifest written (``None`` for a dry run).
         skipped_report: URL of the skip report, or ``None`` when nothing was skipped.
         shard_names: Shard keys, in dataset order.
+        source_type: The source type used (detected or forced): ``imagefolder``, ``files``, ...
+        num_classes: Classes in the dataset's metadata (``metadata.classes``: an image folder's
+            class directories), or ``None`` when it lists none.
+        ignored: Input objects that are not samples and not errors, such as the ``README.txt``
+            of an image folder (named in ``warnings``).
+        warnings: What the user should know about the input: how the source type was guessed
+            when the guess may be wrong, files left out (printed unless ``quiet``).
+        unchanged: The destination already held exactly this dataset; nothing was written.
     """
 
     url: str
@@ -168,34 +185,64 @@ class ConvertResult:
     manifest: Manifest | None = None
     skipped_report: str | None = None
     shard_names: list[str] = field(default_factory=list)
+    source_type: str = ""
+    num_classes: int | None = None
+    ignored: int = 0
+    warnings: list[str] = field(default_factory=list)
+    unchanged: bool = False
 
     @property
     def exit_code(self) -> int:
         """:data:`EXIT_SKIPPED` (3) if items were skipped, else :data:`EXIT_OK` (0)."""
         return EXIT_SKIPPED if self.skipped else EXIT_OK
 
+    def _what(self) -> str:
+        """``12 samples (source imagefolder, 2 classes)``."""
+        classes = (
+            "no class list"
+            if self.num_classes is None
+            else plural(self.num_classes, "class", "classes")
+        )
+        source = f"source {self.source_type}, " if self.source_type else ""
+        return f"{plural(self.num_samples, 'sample')} ({source}{classes})"
+
+    def _skips(self, verb: str = "skipped") -> str:
+        text = f"{verb} {plural(len(self.skipped), 'item')}"
+        if self.skipped_report:
+            text += f" (listed in {self.skipped_report})"
+        if self.ignored:
+            text += f"; left out {plural(self.ignored, 'file')} that " + (
+                "is not a sample" if self.ignored == 1 else "are not samples"
+            )
+        return text
+
     def summary(self) -> str:
-        """One human-readable paragraph: samples, shards, bytes, skipped items, elapsed time."""
+        """One line: the source type and class count, samples, shards, bytes, skipped items,
+        elapsed time (or that nothing was to do)."""
+        shards = f"{plural(self.num_shards, f'{self.format} shard')}"
         if self.dry_run:
             return (
-                f"dry run: would write {self.num_samples} samples into {self.num_shards} "
-                f"{self.format} shards (about {format_bytes(self.num_bytes)}) at {self.url}; "
-                f"{len(self.skipped)} items would be skipped"
+                f"dry run: would write {self._what()} into {shards} (about "
+                f"{format_bytes(self.num_bytes)}) at {self.url}; {self._skips('would skip')}"
+            )
+        if self.unchanged:
+            return (
+                f"nothing to do: {self.url} already holds this dataset, {self._what()} in "
+                f"{shards}, {format_bytes(self.num_bytes)}; {self._skips()}"
             )
         rate = self.num_bytes / self.elapsed / 1e6 if self.elapsed > 0 else 0.0
         text = (
-            f"converted {self.num_samples} samples into {self.num_shards} {self.format} shards, "
-            f"{format_bytes(self.num_bytes)}, in {format_duration(self.elapsed)} "
-            f"({rate:.1f} MB/s) at {self.url}"
+            f"converted {self._what()} into {shards}, {format_bytes(self.num_bytes)}, in "
+            f"{format_duration(self.elapsed)} ({rate:.1f} MB/s) at {self.url}"
         )
         if self.resumed_shards:
-            text += f"; {self.resumed_shards} shards were already done"
+            text += (
+                f"; {plural(self.resumed_shards, 'shard')} "
+                f"{'was' if self.resumed_shards == 1 else 'were'} already done"
+            )
         if self.dropped:
-            text += f"; the map hook dropped {self.dropped} samples"
-        text += f"; skipped {len(self.skipped)} items"
-        if self.skipped_report:
-            text += f" (listed in {self.skipped_report})"
-        return text
+            text += f"; the map hook dropped {plural(self.dropped, 'sample')}"
+        return text + "; " + self._skips()
 
 
 # ---- the map hook ------------------------------------------------------------------------------
@@ -203,7 +250,18 @@ class ConvertResult:
 MapFn = Callable[[dict[str, Any]], "dict[str, Any] | None"]
 
 
-def _resolve_map(spec: str | MapFn | None) -> MapFn | None:
+def _resolve_map(spec: str | MapFn | None, search_dir: str | None = None) -> MapFn | None:
+    """The map function ``spec`` names (``"module:function"``), or ``spec`` if it is one.
+
+    ``search_dir`` (the directory the conversion was started from) is appended to ``sys.path``
+    first, so that ``mymap.py`` there is found, like ``python -m`` finds it; appended, not
+    prepended, so that a file there never shadows a module fastload itself imports.
+
+    Raises:
+        InvalidArgumentError: A malformed spec, no such module, no such function in it (the
+            message lists the names it has), or an error while importing the module (the
+            module's traceback is a note of the error).
+    """
     if spec is None or callable(spec):
         return spec
     module_name, sep, qualname = spec.partition(":")
@@ -212,19 +270,120 @@ def _resolve_map(spec: str | MapFn | None) -> MapFn | None:
             f"map function {spec!r} must be written 'module:function' (an importable module and "
             "a function in it that takes a sample and returns a sample or None)"
         )
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in qualname.split("."):
+    if search_dir and search_dir not in sys.path:
+        sys.path.append(search_dir)
+    module = _import_map_module(spec, module_name, search_dir)
+    obj: Any = module
+    for n, part in enumerate(qualname.split(".")):
+        try:
             obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise InvalidArgumentError(
-            f"cannot load map function {spec!r}: {exc}; the module must be importable (on "
-            "PYTHONPATH) in every worker process"
-        ) from exc
+        except AttributeError:
+            owner = module_name + "".join("." + p for p in qualname.split(".")[:n])
+            raise InvalidArgumentError(
+                f"cannot load map function {spec!r}: {_describe_module(obj, owner)} has no "
+                f"attribute {part!r}{_close_names(part, obj)}"
+            ) from None
     if not callable(obj):
         raise InvalidArgumentError(f"map function {spec!r} is a {type(obj).__name__}, not callable")
     result: MapFn = obj
     return result
+
+
+def _import_map_module(spec: str, module_name: str, search_dir: str | None) -> Any:
+    """Import the module of map function ``spec``; tell a missing module from a failing one."""
+    error: BaseException
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            here = f"the current directory ({search_dir}), " if search_dir else ""
+            hint = ""
+            if search_dir and "." not in module_name:
+                hint = _close_files(module_name, search_dir)
+            raise InvalidArgumentError(
+                f"cannot load map function {spec!r}: there is no module {missing!r}; it must be "
+                f"a file {missing.replace('.', '/')}.py (or a package) in {here}a directory on "
+                f"PYTHONPATH, or installed{hint}"
+            ) from None
+        error = exc
+    except Exception as exc:  # the module's own code failed: SyntaxError, NameError, ...
+        error = exc
+    failure = InvalidArgumentError(
+        f"cannot load map function {spec!r}: importing module {module_name!r} raised "
+        f"{_describe(error)}; fix the module (its traceback is below)"
+    )
+    failure.add_note(_user_traceback(error))
+    raise failure from error
+
+
+def _describe_module(obj: Any, name: str) -> str:
+    """``module 'mymap' (/work/mymap.py)``: where an object whose attribute is missing came from,
+    which tells an installed module from the user's file of the same name."""
+    where = getattr(obj, "__file__", None)
+    kind = "module" if isinstance(where, str) else type(obj).__name__
+    return f"{kind} {name!r}" + (f" ({where})" if isinstance(where, str) else "")
+
+
+def _close_names(name: str, obj: Any) -> str:
+    """``; did you mean 'fn'? It has these functions and classes: boom, fn`` (``name`` missing)."""
+    public = sorted(
+        n for n in dir(obj) if not n.startswith("_") and callable(getattr(obj, n, None))
+    )
+    close = difflib.get_close_matches(name, public, n=3, cutoff=0.5)
+    text = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    lead = " It" if close else "; it"
+    if public:
+        text += f"{lead} has these functions and classes: {', '.join(public[:20])}"
+        text += " ..." if len(public) > 20 else ""
+    else:
+        text += f"{lead} has no public function"
+    return text
+
+
+def _close_files(name: str, directory: str) -> str:
+    try:
+        stems = [f[:-3] for f in os.listdir(directory) if f.endswith(".py")]
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(name, stems, n=3, cutoff=0.5)
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+#: Files of fastload itself and of the import system, left out of the tracebacks shown for a
+#: user's map function and its module.
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_IMPORTLIB_DIR = os.path.dirname(os.path.abspath(importlib.__file__)) + os.sep
+
+
+def _import_system(filename: str) -> bool:
+    return filename.startswith(("<frozen importlib", _IMPORTLIB_DIR))
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback of ``exc`` from the first frame that is neither fastload's nor the import
+    system's (the frames of the user's code, and whatever it called), without the import
+    system's frames between modules importing each other."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    first = 0
+    while first < len(frames) and (
+        frames[first].filename.startswith(_OWN_DIR) or _import_system(frames[first].filename)
+    ):
+        first += 1
+    kept = [f for f in frames[first:] if not _import_system(f.filename)]
+    lines = ["Traceback (most recent call last):\n"]
+    lines += traceback.format_list(kept)
+    lines += traceback.format_exception_only(type(exc), exc)
+    return "".join(lines).rstrip("\n")
+
+
+def _raised_where(exc: BaseException) -> str:
+    """``/work/mymap.py:4, in boom``: where ``exc`` was raised."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f"{last.filename}:{last.lineno}, in {last.name}"
 
 
 def _map_name(spec: str | MapFn | None) -> str | None:
@@ -245,6 +404,8 @@ class _ShardJob:
     map_spec: str | MapFn | None
     on_error: str
     plan_sha256: str
+    #: Where ``map_spec``'s module is also looked for (the directory ``convert`` was called in).
+    map_dir: str | None = None
 
 
 class _Counters:
@@ -268,7 +429,9 @@ class _Counters:
     def totals(self) -> tuple[int, int]:
         if self.samples is None:
             return self.local_samples, self.local_bytes
-        return int(self.samples.value), int(self.nbytes.value)
+        # Read without the locks (an 8-byte read; a progress figure): a Ctrl-C in the parent
+        # while it held a lock would leave it held and block the workers' next add().
+        return int(self.samples.get_obj().value), int(self.nbytes.get_obj().value)
 
 
 _COUNTERS = _Counters()
@@ -297,6 +460,11 @@ def _init_worker(samples: Any, nbytes: Any, jobs: Any, stop: Any, parent: int) -
     global _COUNTERS, _JOBS, _STOP, _PARENT
     _COUNTERS = _Counters(samples, nbytes)
     _JOBS, _STOP, _PARENT = jobs, stop, parent
+    # Ctrl-C reaches the whole process group; only the converting process acts on it (it stops
+    # the workers after their shards, see _Pool.shutdown). A KeyboardInterrupt in a worker
+    # would print a traceback per idle worker, and one raised while a worker holds a shared
+    # lock (a counter, the stop flag) would leave it held and hang the others.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -323,20 +491,30 @@ class _Written:
 def _write_samples(job: _ShardJob) -> _Written:
     """Write the samples of one planned shard; the writer is left open (not committed)."""
     fmt = get_format(job.format_name)
-    map_fn = _resolve_map(job.map_spec)
+    map_fn = _resolve_map(job.map_spec, job.map_dir)
+    map_name = _map_name(job.map_spec)
     name = job.shard.name
     skipped: list[dict[str, Any]] = []
     dropped = 0
     keys: dict[str, str] = {}
     pending_samples = pending_bytes = 0
 
-    def fail(unit: Unit, reason: str, exc: BaseException | None) -> None:
+    def fail(
+        unit: Unit,
+        reason: str,
+        exc: BaseException | None,
+        remedy: str = "fix the input",
+        note: str | None = None,
+    ) -> None:
         if job.on_error == "raise":
-            raise ConversionError(
+            error = ConversionError(
                 f"cannot convert {unit.item} (planned for shard {job.dst.child_url(name)}): "
-                f"{reason}; fix the input, or pass on_error='skip' (--on-error skip) to leave such "
+                f"{reason}; {remedy}, or pass on_error='skip' (--on-error skip) to leave such "
                 f"items out and list them in {SKIPPED_KEY}"
-            ) from exc
+            )
+            if note is not None:
+                error.add_note(note)
+            raise error from exc
         skipped.append(SkippedItem(unit.item, reason, name).to_json())
 
     try:
@@ -349,24 +527,49 @@ def _write_samples(job: _ShardJob) -> _Written:
             if isinstance(result, Exception):
                 fail(unit, _describe(result), result)
                 continue
-            sample: dict[str, Any] | None = result
+            empty = _empty_image(result)
+            if empty is not None:
+                fail(unit, f"field {empty!r} is an empty image (0 bytes)", None)
+                continue
+            sample: Mapping[str, Any] = result
             if map_fn is not None:
+                key_in = result.get(KEY)
                 try:
-                    sample = map_fn(result)
+                    mapped: Any = map_fn(result)
                 except Exception as exc:
-                    fail(unit, f"the map function raised {_describe(exc)}", exc)
+                    where = _raised_where(exc)
+                    fail(
+                        unit,
+                        f"on sample {key_in!r} the map function {map_name} raised "
+                        f"{_describe(exc)}" + (f" (at {where})" if where else ""),
+                        exc,
+                        remedy="fix the map function (its traceback is below)",
+                        note=_user_traceback(exc),
+                    )
                     continue
-                if sample is None:
+                if mapped is None:
                     dropped += 1
                     continue
-            if not isinstance(sample, Mapping):
-                fail(
-                    unit,
-                    f"the map function returned a {type(sample).__name__}, not a sample "
-                    "dict or None",
-                    None,
-                )
-                continue
+                if not isinstance(mapped, Mapping):
+                    fail(
+                        unit,
+                        f"the map function {map_name} returned a {type(mapped).__name__}, not a "
+                        "sample dict or None",
+                        None,
+                        remedy="fix the map function",
+                    )
+                    continue
+                sample = mapped
+                empty = _empty_image(sample)
+                if empty is not None:
+                    fail(
+                        unit,
+                        f"the map function {map_name} returned a sample whose field {empty!r} is "
+                        "an empty image (0 bytes)",
+                        None,
+                        remedy="fix the map function",
+                    )
+                    continue
             key = sample.get(KEY)
             if isinstance(key, str) and key in keys:
                 fail(unit, f"sample key {key!r} is already used by {keys[key]} in this shard", None)
@@ -376,7 +579,8 @@ def _write_samples(job: _ShardJob) -> _Written:
                 # Writers validate a sample completely before writing any of it.
                 writer.write(sample)
             except InvalidArgumentError as exc:
-                fail(unit, _describe(exc), exc)
+                remedy = "fix the input" if map_fn is None else "fix the input or the map function"
+                fail(unit, _describe(exc), exc, remedy=remedy)
                 continue
             keys[str(key)] = unit.item
             pending_samples += 1
@@ -390,6 +594,20 @@ def _write_samples(job: _ShardJob) -> _Written:
         raise
     _COUNTERS.add(pending_samples, pending_bytes)
     return _Written(job, writer, skipped, dropped)
+
+
+def _empty_image(sample: Mapping[str, Any]) -> str | None:
+    """The first field of ``sample`` named like an image (``jpg``, ``left.png``) whose value is
+    empty bytes, or ``None``. An empty image is an item error in every source."""
+    for name, value in sample.items():
+        if (
+            isinstance(value, (bytes, bytearray, memoryview))
+            and len(value) == 0
+            and name.rsplit(".", 1)[-1].lower() in IMAGE_EXTENSIONS
+            and not name.startswith("__")
+        ):
+            return name
+    return None
 
 
 def _commit_shard(written: _Written) -> dict[str, Any]:
@@ -818,7 +1036,10 @@ def convert(
         dry_run: Plan, report, write nothing.
         map_fn: ``"module:function"`` or a picklable module-level function taking a sample
             (``{"__key__": str, field: bytes}``) and returning a sample or ``None`` to drop it. It
-            runs in the worker processes (imported by name there).
+            runs in the worker processes (imported by name there). The current directory is
+            appended to ``sys.path`` (here and in the workers), so ``"mymap:fn"`` finds
+            ``./mymap.py``. When it raises, the item error names the item and where it raised,
+            and carries the function's traceback as a note.
         source_type: Force the source type (``imagefolder``, ``files``, ``jsonl``, ``text``,
             ``csv``, ``parquet``, ``shards``) instead of detecting it.
         prefix: Shard name prefix: shards are ``{prefix}-{n:06d}.{tar|tfrecord|lmdb}``.
@@ -829,6 +1050,10 @@ def convert(
 
     Returns:
         A :class:`ConvertResult`.
+
+    On Ctrl-C (``KeyboardInterrupt``) the workers finish the shards they are writing; the
+    exception then gets a note saying how many shards were done and that re-running resumes (also
+    printed unless ``quiet``).
 
     Raises:
         InvalidArgumentError: Bad options, empty input, or ``dst`` inside ``src``.
@@ -842,42 +1067,69 @@ def convert(
     """
     start = time.monotonic()
     if on_error not in ("raise", "skip"):
-        raise InvalidArgumentError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        raise InvalidArgumentError(
+            f"{_option('on_error')} must be 'raise' or 'skip', got {on_error!r}"
+        )
     fmt = get_format(format)
     format_name = FORMATS.canonical(format)
-    size_limit = parse_size(shard_size) if shard_size is not None else None
-    if shard_samples is not None and (isinstance(shard_samples, bool) or shard_samples <= 0):
-        raise InvalidArgumentError(f"shard_samples must be a positive int, got {shard_samples!r}")
+    try:
+        size_limit = parse_size(shard_size) if shard_size is not None else None
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"{_option('shard_size')}: {exc}") from None
+    if shard_samples is not None and (
+        not isinstance(shard_samples, int) or isinstance(shard_samples, bool) or shard_samples <= 0
+    ):
+        raise InvalidArgumentError(
+            f"{_option('shard_samples')} must be a positive integer, got {shard_samples!r}"
+        )
     if size_limit is None and shard_samples is None:
         size_limit = DEFAULT_SHARD_SIZE
-    n_workers = (os.cpu_count() or 1) if workers is None else int(workers)
-    if n_workers < 1:
-        raise InvalidArgumentError(f"workers must be at least 1, got {workers!r}")
+    n_workers = (os.cpu_count() or 1) if workers is None else workers
+    if not isinstance(n_workers, int) or isinstance(n_workers, bool) or n_workers < 1:
+        raise InvalidArgumentError(f"{_option('workers')} must be at least 1, got {workers!r}")
     if not prefix or "/" in prefix or prefix.startswith((".", "_")):
         raise InvalidArgumentError(
-            f"prefix {prefix!r} must be a non-empty name without '/' that does not start with "
-            "'.' or '_'"
+            f"{_option('prefix')} {prefix!r} must be a non-empty name without '/' that does not "
+            "start with '.' or '_'"
         )
-    _resolve_map(map_fn)  # fail early, in the parent, for a bad spec
+    map_dir = os.getcwd() if isinstance(map_fn, str) else None
+    _resolve_map(map_fn, map_dir)  # fail early, in the parent, for a bad spec
     stream = progress_stream if progress_stream is not None else sys.stderr
 
-    source = open_source(src, source_type=source_type, store_options=source_options)
-    dst_store = open_store(dst, **dict(store_options or {}))
-    _check_not_inside(source, dst_store)
-    use_pool = (
-        n_workers > 1
-        and not dry_run
-        and not isinstance(dst_store, MemoryStore)
-        and not isinstance(source.store, MemoryStore)
-    )
-    # Workers that import fastload (forkserver, spawn) start now, importing while this process
-    # plans. Forked workers start when the jobs are known: forking costs little, and forked
-    # children would slow the planning here (copy-on-write faults, CPU).
-    pool = (
-        _Pool(n_workers, fmt) if use_pool and _pool_context().get_start_method() != "fork" else None
-    )
+    pool: _Pool | None = None
     guard: _Guard | None = None
+    dst_store: Store | None = None
+    planned: list[ShardPlan] | None = None  # for the message of an interruption
+    phase = "planning"
+    interrupted: KeyboardInterrupt | None = None
     try:
+        source = open_source(src, source_type=source_type, store_options=source_options)
+        said: list[str] = []
+
+        def warn() -> None:
+            """Print the source's warnings not printed yet (unless quiet)."""
+            for text in source.warnings:
+                if text not in said:
+                    said.append(text)
+                    if not quiet:
+                        stream.write(f"fastload convert: warning: {text}\n")
+                        stream.flush()
+
+        warn()
+        dst_store = open_store(dst, **dict(store_options or {}))
+        _check_not_inside(source, dst_store)
+        use_pool = (
+            n_workers > 1
+            and not dry_run
+            and not isinstance(dst_store, MemoryStore)
+            and not isinstance(source.store, MemoryStore)
+        )
+        # Workers that import fastload (forkserver, spawn) start now, importing while this process
+        # plans. Forked workers start when the jobs are known: forking costs little, and forked
+        # children would slow the planning here (copy-on-write faults, CPU).
+        if use_pool and _pool_context().get_start_method() != "fork":
+            pool = _Pool(n_workers, fmt)
+
         # 1. plan
         plan_skipped: list[SkippedItem] = []
 
@@ -885,17 +1137,18 @@ def convert(
             if on_error == "raise":
                 raise ConversionError(
                     f"cannot convert {source.store.child_url(item) if ':' not in item else item}: "
-                    f"{reason}; fix the input, or pass on_error='skip' (--on-error skip) to leave it "
-                    f"out and list it in {SKIPPED_KEY}"
+                    f"{reason}; fix the input, or pass on_error='skip' (--on-error skip) to leave "
+                    f"it out and list it in {SKIPPED_KEY}"
                 )
             plan_skipped.append(SkippedItem(item, reason, None))
 
         units = source.plan_units(report)
+        warn()
         if not units:
             raise InvalidArgumentError(
                 f"no samples to convert in {source.store.url} (source type {source.type_name}"
                 + (
-                    f"; {len(plan_skipped)} items were skipped, see the reasons above"
+                    f"; {plural(len(plan_skipped), 'item')} skipped, see the reasons above"
                     if plan_skipped
                     else ""
                 )
@@ -923,6 +1176,7 @@ def convert(
         }
         described = source.describe()
         digest = plan_hash(described, options, shards)
+        planned = shards
         est_bytes = sum(s.est_bytes for s in shards)
         progress = Progress(len(units), est_bytes, quiet=quiet or dry_run, stream=stream)
 
@@ -939,6 +1193,7 @@ def convert(
                 shard_names=[s.name for s in shards],
                 elapsed=time.monotonic() - start,
             )
+            _add_source_facts(result, source)
             if not quiet:
                 _print_dry_run(stream, source, shards, result)
             return result
@@ -955,8 +1210,10 @@ def convert(
         ):
             dst_store.delete_many(dst_store.list_keys(STATE_PREFIX))
             result = _result_from_manifest(dst_store, old, digest, start, plan_skipped)
+            _add_source_facts(result, source)
+            result.unchanged = True
+            progress.close()
             if not quiet:
-                progress.message("the destination already holds this exact dataset; nothing to do")
                 progress.message(result.summary())
             return result
         resume = False
@@ -1011,6 +1268,7 @@ def convert(
                 )
 
         # 3. shards
+        phase = "writing"
         records: dict[str, dict[str, Any]] = {}
         if resume:
             for shard in shards:
@@ -1022,9 +1280,12 @@ def convert(
         done_bytes = sum(r["info"]["num_bytes"] for r in records.values())
         progress.update(done_samples, done_bytes)
         if resumed and not quiet:
-            progress.message(f"resuming: {resumed} of {len(shards)} shards are already done")
+            progress.message(
+                f"resuming: {resumed} of {plural(len(shards), 'shard')} "
+                f"{'is' if resumed == 1 else 'are'} already done"
+            )
         jobs = [
-            _ShardJob(source, dst_store, format_name, shard, map_fn, on_error, digest)
+            _ShardJob(source, dst_store, format_name, shard, map_fn, on_error, digest, map_dir)
             for shard in shards
             if shard.name not in records
         ]
@@ -1041,6 +1302,7 @@ def convert(
             progress.close()
 
         # 4. finish: skip report, manifest (last), state cleanup
+        phase = "finishing"
         skipped = list(plan_skipped)
         infos: list[ShardInfo] = []
         dropped = 0
@@ -1107,9 +1369,19 @@ def convert(
             skipped_report=dst_store.child_url(SKIPPED_KEY) if skipped else None,
             shard_names=[s.name for s in manifest.shards],
         )
+        _add_source_facts(result, source)
         if not quiet:
             progress.message(result.summary())
         return result
+    except KeyboardInterrupt as exc:
+        interrupted = exc
+        if pool is not None and phase == "writing" and not quiet:
+            stream.write(
+                "fastload convert: interrupted; the workers finish the shards they are writing "
+                "(Ctrl-C again to stop at once; those shards are then written again by a re-run)\n"
+            )
+            stream.flush()
+        raise
     finally:
         try:
             if pool is not None:
@@ -1117,6 +1389,58 @@ def convert(
         finally:
             if guard is not None:
                 guard.release()
+            if interrupted is not None:
+                text = _interrupted(dst_store, planned if phase != "planning" else None, phase)
+                interrupted.add_note(text)
+                if not quiet:
+                    stream.write(f"fastload convert: {text}\n")
+                    stream.flush()
+
+
+def _option(name: str) -> str:
+    """An option as messages name it, for the Python API and the command line at once:
+    ``shard_samples (--shard-samples)``."""
+    flag = {"map_fn": "--map"}.get(name, "--" + name.replace("_", "-"))
+    return f"{name} ({flag})"
+
+
+def _add_source_facts(result: ConvertResult, source: Source) -> None:
+    """Fill in what the summary says about the source: its type, classes, files left out."""
+    result.source_type = SOURCES.canonical(source.type_name)
+    classes = source.metadata().get("classes")
+    result.num_classes = len(classes) if isinstance(classes, list) else None
+    result.ignored = len(source.ignored)
+    result.warnings = list(source.warnings)
+
+
+def _interrupted(store: Store | None, shards: Sequence[ShardPlan] | None, phase: str) -> str:
+    """How far an interrupted conversion got, and what to do about it."""
+    if shards is None or store is None:
+        return (
+            "interrupted while planning, before anything was written; re-run the same command "
+            "to start again"
+        )
+    if phase == "finishing":
+        return (
+            "interrupted while finishing (every shard was written); re-run the same command to "
+            "complete the dataset"
+        )
+    try:
+        done_keys = set(store.list_keys(DONE_PREFIX))
+    except (FastloadError, OSError):
+        done_keys = set()
+    done = [s for s in shards if _done_key(s.name) in done_keys]
+    samples = sum(len(s.units) for s in shards)
+    if len(done) == len(shards):
+        return (
+            f"interrupted after writing every shard ({len(shards)} of {len(shards)}), before the "
+            "manifest; re-run the same command to complete the dataset"
+        )
+    return (
+        f"interrupted after {len(done)} of {plural(len(shards), 'shard')} "
+        f"({sum(len(s.units) for s in done)} of {plural(samples, 'sample')}); re-run the same "
+        "command to resume: the finished shards are kept"
+    )
 
 
 def _check_not_inside(source: Source, dst: Store) -> None:
@@ -1249,7 +1573,7 @@ def _run_pool(
     missing = [job.shard.name for job in jobs if job.shard.name not in records]
     if missing:  # cannot happen unless a worker lost jobs; never write a manifest without them
         raise WorkerError(
-            f"conversion workers finished without writing {len(missing)} shards (first: "
+            f"conversion workers finished without writing {plural(len(missing), 'shard')} (first: "
             f"{missing[0]}); re-run the same command to resume"
         )
 
@@ -1292,14 +1616,15 @@ def _print_dry_run(
     ]
     for shard in list(shards[:5]):
         lines.append(
-            f"  {shard.name}: {len(shard.units)} samples, ~{format_bytes(shard.est_bytes)}"
+            f"  {shard.name}: {plural(len(shard.units), 'sample')}, "
+            f"~{format_bytes(shard.est_bytes)}"
         )
     if len(shards) > 5:
         lines.append(f"  ... and {len(shards) - 5} more")
     for item in result.skipped[:20]:
         lines.append(f"would skip {item.item}: {item.reason}")
     if len(result.skipped) > 20:
-        lines.append(f"... and {len(result.skipped) - 20} more items would be skipped")
+        lines.append(f"... and {plural(len(result.skipped) - 20, 'more item')} would be skipped")
     lines.append(result.summary())
     stream.write("\n".join(lines) + "\n")
     stream.flush()

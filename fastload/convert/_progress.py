@@ -6,7 +6,7 @@ import sys
 import time
 from typing import IO, Any
 
-__all__ = ["Progress", "format_bytes", "format_duration"]
+__all__ = ["Progress", "format_bytes", "format_duration", "plural"]
 
 
 def format_bytes(n: float) -> str:
@@ -16,6 +16,12 @@ def format_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} TB"  # pragma: no cover
+
+
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """``plural(1, "shard")`` → ``1 shard``; ``plural(3, "shard")`` → ``3 shards``;
+    ``plural(2, "class", "classes")`` → ``2 classes``."""
+    return f"{count} {word if count == 1 else (many or word + 's')}"
 
 
 def format_duration(seconds: float) -> str:

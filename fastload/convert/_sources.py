@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 from fastload._plugins import PluginRegistry
+from fastload.convert._progress import plural
 from fastload.errors import (
     ConversionError,
     CorruptDataError,
@@ -51,6 +52,8 @@ from fastload.storage import ObjectMeta, Store, open_store
 
 __all__ = [
     "IMAGE_EXTENSIONS",
+    "IMAGE_FOLDER_STRAYS",
+    "IMAGE_FOLDER_STRAY_FRACTION",
     "SOURCES",
     "ConversionError",
     "CsvSource",
@@ -80,7 +83,18 @@ _JSONL_EXT = frozenset({"jsonl", "ndjson"})
 _TEXT_EXT = frozenset({"txt"})
 _CSV_EXT = frozenset({"csv"})
 _PARQUET_EXT = frozenset({"parquet", "pq"})
-_SHARD_EXT = {"tar": "webdataset", "tfrecord": "tfrecord", "tfrecords": "tfrecord", "lmdb": "lmdb"}
+_SHARD_EXT = {
+    "tar": "webdataset",
+    "tgz": "webdataset",  # compressed tars, as the webdataset library reads them
+    "tbz": "webdataset",
+    "tbz2": "webdataset",
+    "txz": "webdataset",
+    "tfrecord": "tfrecord",
+    "tfrecords": "tfrecord",
+    "lmdb": "lmdb",
+}
+#: Whole-file compression suffixes after ``.tar`` (``x.tar.gz``).
+_TAR_COMPRESSED = frozenset({"gz", "bz2", "xz"})
 #: Whole-file compression suffixes after a TFRecord extension (TensorFlow's GZIP and ZLIB).
 _TFRECORD_COMPRESSED = frozenset({"gz", "gzip", "zz", "zlib"})
 #: Objects conversion writes next to a dataset; never treated as input.
@@ -165,6 +179,8 @@ def _shard_format(name: str) -> str | None:
     """The format a shard's name says (``x.tar``, ``x.tfrecord``, ``x.tfrecord.gz``, ...), or
     ``None``."""
     parts = name.rsplit("/", 1)[-1].lower().split(".")
+    if len(parts) >= 3 and parts[-2] == "tar" and parts[-1] in _TAR_COMPRESSED:
+        return "webdataset"
     if len(parts) >= 3 and parts[-1] in _TFRECORD_COMPRESSED:
         return "tfrecord" if _SHARD_EXT.get(parts[-2]) == "tfrecord" else None
     return _SHARD_EXT.get(parts[-1]) if len(parts) >= 2 else None
@@ -178,6 +194,17 @@ def _stem(key: str) -> str:
 
 def _field_from_ext(ext: str) -> str:
     return _EXT_ALIASES.get(ext, ext)
+
+
+def _image_depth(key: str) -> int | None:
+    """Directories above ``key`` if it names an image (by extension), else ``None``."""
+    return key.count("/") if _ext(key) in IMAGE_EXTENSIONS else None
+
+
+def _few(names: Sequence[str], shown: int = 5) -> str:
+    """``a, b, c`` or ``a, b, c, d, e and 7 more``: a few names for a message."""
+    text = ", ".join(names[:shown])
+    return text + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def _visible(key: str) -> bool:
@@ -210,6 +237,12 @@ class Source(ABC):
         self.options = dict(options)
         self._metadata: dict[str, Any] = {}
         self._listing: list[ObjectMeta] | None = None
+        #: What the user should know about the corpus (how it was detected, files left out);
+        #: filled by :func:`open_source` and :meth:`plan_units`, printed by ``convert``.
+        self.warnings: list[str] = []
+        #: Objects of the corpus that are not samples and not errors (an image folder's
+        #: ``README.txt``), known after :meth:`plan_units`.
+        self.ignored: list[str] = []
 
     def listing(self) -> list[ObjectMeta]:
         """The visible objects of the corpus, sorted by key (listed once, then cached)."""
@@ -220,9 +253,14 @@ class Source(ABC):
                 self._listing = list_visible(self.store)
         return self._listing
 
+    def _warn(self, text: str) -> None:
+        if text not in self.warnings:  # planning twice says it once
+            self.warnings.append(text)
+
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_listing"] = None  # workers never need it; keep task pickles small
+        # Workers never need these; keep task pickles small.
+        state["_listing"], state["warnings"], state["ignored"] = None, [], []
         return state
 
     @abstractmethod
@@ -276,24 +314,41 @@ class _FileSource(Source):
 
 
 class ImageFolderSource(_FileSource):
-    """``root/<class>/<file>``: one sample per file, image bytes as they are.
+    """``root/<class>/<image>``: one sample per image, its bytes as they are.
 
     Fields: the file's extension lower-cased (``jpeg`` → ``jpg``), and ``cls`` = the index of the
-    class directory among all class directories sorted by name. Key: ``<class>/<file stem>``,
-    sanitized. The manifest metadata gets ``{"classes": [name, ...]}`` (index order). Empty files
-    and files not exactly one directory deep are errors (skippable).
+    class directory among all class directories (those holding an image) sorted by name. Key:
+    ``<class>/<file stem>``, sanitized. The manifest metadata gets ``{"classes": [name, ...]}``
+    (index order). Files that are not images (``README.txt``, ``Thumbs.db``, ``labels.csv``,
+    anywhere in the tree) are left out, counted in :attr:`Source.ignored` and named in a
+    warning. Empty images and images not exactly one directory deep are item errors (skippable).
+    A folder holding no image at all (say ``root/<class>/<clip>.wav``) takes every file one
+    directory deep as a sample.
     """
 
     type_name = "imagefolder"
 
     def plan_units(self, report: PlanReporter) -> list[Unit]:
         entries = self.listing()
-        classes = sorted({m.key.split("/")[0] for m in entries if m.key.count("/") == 1})
+        has_images = any(_image_depth(m.key) == 1 for m in entries)
+        candidates = [m for m in entries if not has_images or _ext(m.key) in IMAGE_EXTENSIONS]
+        self.ignored = [
+            m.key for m in entries if has_images and _ext(m.key) not in IMAGE_EXTENSIONS
+        ]
+        if self.ignored:
+            self._warn(
+                f"left out {plural(len(self.ignored), 'file')} of {self.store.url} that "
+                f"{'is not an image' if len(self.ignored) == 1 else 'are not images'}: "
+                f"{_few(self.ignored)}. An image folder's samples are its images "
+                f"(extensions {', '.join(sorted(IMAGE_EXTENSIONS))}); pass --source-type files "
+                "(source_type='files') to convert every file instead"
+            )
+        classes = sorted({m.key.split("/")[0] for m in candidates if m.key.count("/") == 1})
         index = {name: i for i, name in enumerate(classes)}
         self._metadata = {"classes": classes}
         units: list[Unit] = []
         seen: dict[str, str] = {}
-        for meta in entries:
+        for meta in candidates:
             if meta.key.count("/") != 1:
                 report(meta.key, "not inside a class directory (expected root/<class>/<file>)")
                 continue
@@ -303,7 +358,7 @@ class ImageFolderSource(_FileSource):
                 report(meta.key, "has no file extension to name its field")
                 continue
             if meta.size == 0:
-                report(meta.key, "is an empty file")
+                report(meta.key, "is an empty file (0 bytes)")
                 continue
             key = sanitize_key(_stem(meta.key))
             if key in seen:
@@ -320,8 +375,8 @@ class FileTreeSource(_FileSource):
 
     ``a/b/x.jpg`` + ``a/b/x.json`` → key ``a/b/x`` with fields ``jpg`` and ``json``. The extension is
     the part after the **last** dot, lower-cased (``jpeg`` → ``jpg``); dots left in the file stem
-    become ``_`` in the key. Two files giving the same key and field, and files without an
-    extension, are errors (skippable).
+    become ``_`` in the key. Two files giving the same key and field, files without an
+    extension and empty image files are errors (skippable).
     """
 
     type_name = "files"
@@ -333,6 +388,9 @@ class FileTreeSource(_FileSource):
             ext = _ext(meta.key)
             if not ext:
                 report(meta.key, "has no file extension to name its field")
+                continue
+            if meta.size == 0 and ext in IMAGE_EXTENSIONS:
+                report(meta.key, "is an empty image file (0 bytes)")
                 continue
             field = _field_from_ext(ext)
             key = sanitize_key(_stem(meta.key))
@@ -931,21 +989,48 @@ def list_visible(store: Store) -> list[ObjectMeta]:
     return [m for m in store.list("") if _visible(m.key)]
 
 
-def detect_source_type(
-    store: Store, keys: Sequence[str] | None = None, listing: Sequence[ObjectMeta] | None = None
-) -> str:
-    """Guess the source type of a corpus (see ``fastload/convert/README.md``).
+#: How many files that are not images an image folder may hold and still be detected as one:
+#: :data:`IMAGE_FOLDER_STRAYS` files, or :data:`IMAGE_FOLDER_STRAY_FRACTION` of its files if that
+#: is more (``README.txt``, ``Thumbs.db``, ``labels.csv``, ...; they are left out and named).
+IMAGE_FOLDER_STRAYS = 3
+IMAGE_FOLDER_STRAY_FRACTION = 0.1
 
-    Order: a ``fastload.json`` → ``shards``; all files JSONL / text / CSV / Parquet → that type;
-    all files shards (``.tar``, ``.tfrecord`` also compressed as ``.tfrecord.gz``/``.zz``,
-    ``.lmdb``) → ``shards``; every file exactly one directory deep with an image extension →
-    ``imagefolder``; anything else → ``files``.
 
-    Raises:
-        InvalidArgumentError: The corpus is empty.
-    """
+def _not_an_image_folder(names: Sequence[str], depth: int) -> str | None:
+    """Why ``names`` do not make an image folder whose images are ``depth`` directories deep, or
+    ``None`` if they do (see :func:`detect_source_type`)."""
+    images = [n for n in names if _image_depth(n) == depth]
+    if not images:
+        deep = {1: "one directory", 2: "two directories"}.get(depth, f"{depth} directories")
+        return f"no image is {deep} deep"
+    stems = {_stem(n) for n in images}
+    image_set = set(images)
+    others = [n for n in names if n not in image_set]
+    paired = [n for n in others if _stem(n) in stems]
+    if paired:
+        return (
+            f"{plural(len(paired), 'file')} such as {_few(paired, 3)} share the name of an image "
+            "beside them, which makes samples of several fields"
+        )
+    allowed = max(IMAGE_FOLDER_STRAYS, int(len(names) * IMAGE_FOLDER_STRAY_FRACTION))
+    if len(others) > allowed:
+        return (
+            f"{len(others)} of its {len(names)} files are not images inside a class directory "
+            f"(such as {_few(others, 3)}); an image folder may hold at most {allowed} such files"
+        )
+    return None
+
+
+def _detect(
+    store: Store,
+    keys: Sequence[str] | None,
+    listing: Sequence[ObjectMeta] | None,
+    where: str | None = None,
+) -> tuple[str, list[str]]:
+    """The source type of a corpus and the warnings that go with the guess (see
+    :func:`detect_source_type`). ``where`` names the corpus in warnings (default: its URL)."""
     if keys is None and store.exists(MANIFEST_NAME):
-        return "shards"
+        return "shards", []
     if keys is not None:
         names = list(keys)
     else:
@@ -957,13 +1042,59 @@ def detect_source_type(
     exts = {_ext(n) for n in names}
     for family, name in _RECORD_TYPES:
         if exts <= family:
-            return name
+            return name, []
     shard_names = [n for n in names if _ext(n) != "idx"]
     if shard_names and all(_shard_format(n) is not None for n in shard_names):
-        return "shards"
-    if all(n.count("/") == 1 for n in names) and exts <= IMAGE_EXTENSIONS:
-        return "imagefolder"
-    return "files"
+        return "shards", []
+    why = _not_an_image_folder(names, 1)
+    if why is None:
+        return "imagefolder", []
+    where = where or store.url
+    n_images = sum(_image_depth(n) is not None for n in names)
+    if 2 * n_images <= len(names):  # not mostly images: a file tree, nothing to say
+        return "files", []
+    if _not_an_image_folder(names, 2) is None:
+        example = next(n for n in names if _image_depth(n) == 2)
+        splits = sorted({n.split("/")[0] for n in names if _image_depth(n) == 2})
+        inner = where.rstrip("/") + "/" + splits[0]
+        return "files", [
+            f"{where} is taken as a file tree (source type files), so its samples get no class "
+            f"label: its images are two directories deep (such as {example}), as in image "
+            f"folders one level down ({_few(splits)}). To convert one of them as an image folder "
+            f"with a class label per image, point the source at it, e.g. {inner}; pass "
+            "--source-type files (source_type='files') to keep the whole tree as files without "
+            "this warning"
+        ]
+    if not any(_image_depth(n) == 1 for n in names):  # a flat or deeper tree: files, clearly
+        return "files", []
+    return "files", [
+        f"{where} is taken as a file tree (source type files), so its samples get no class "
+        f"label: {n_images} of its {plural(len(names), 'file')} "
+        f"{'is an image' if n_images == 1 else 'are images'}, but it is not an image folder "
+        f"(root/<class>/<image>) because {why}. Pass --source-type imagefolder "
+        "(source_type='imagefolder') to convert it as an image folder with a class label per "
+        "image (the other files are then left out and named), or --source-type files to keep it "
+        "a file tree without this warning"
+    ]
+
+
+def detect_source_type(
+    store: Store, keys: Sequence[str] | None = None, listing: Sequence[ObjectMeta] | None = None
+) -> str:
+    """Guess the source type of a corpus (see ``fastload/convert/README.md``).
+
+    Order: a ``fastload.json`` → ``shards``; all files JSONL / text / CSV / Parquet → that type;
+    all files shards (``.tar``, ``.tfrecord`` also compressed as ``.tfrecord.gz``/``.zz``,
+    ``.lmdb``) → ``shards``; images (by extension) exactly one directory deep, with at most
+    :data:`IMAGE_FOLDER_STRAYS` other files or :data:`IMAGE_FOLDER_STRAY_FRACTION` of the files
+    (whichever is more) and no other file named like an image beside it (``x.jpg`` +
+    ``x.json`` is one sample of two fields) → ``imagefolder``; anything else → ``files``.
+    :func:`open_source` also warns when a tree of mostly images falls back to ``files``.
+
+    Raises:
+        InvalidArgumentError: The corpus is empty.
+    """
+    return _detect(store, keys, listing)[0]
 
 
 def open_source(
@@ -1002,7 +1133,11 @@ def open_source(
         else:
             store = open_store(text, **options)
     listing = list_visible(store) if keys is None else None
-    name = source_type or detect_source_type(store, keys, listing)
+    warnings: list[str] = []
+    if source_type:
+        name = source_type
+    else:
+        name, warnings = _detect(store, keys, listing, where=text)
     cls = SOURCES.load(name)
     canonical = SOURCES.canonical(name)
     extra: dict[str, Any] = {}
@@ -1010,6 +1145,7 @@ def open_source(
         extra["format"] = _FORMAT_ALIASES[name.lower()]
     source: Source = cls(store, keys, **extra)
     source._listing = listing
+    source.warnings.extend(warnings)
     return source
 
 

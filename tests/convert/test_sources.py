@@ -129,13 +129,20 @@ def test_parquet(tmp_path: Path, fmt: str, cv: Any) -> None:
         }
     )
     pq.write_table(table, src / "train.parquet", row_group_size=3)
-    _convert(src, tmp_path / "out", fmt, shard_samples=3)
+    result = _convert(src, tmp_path / "out", fmt, shard_samples=3, on_error="skip")
     assert cv.read_dataset(tmp_path / "out") == {
         "train/000000000": {"jpg": b"\xff\xd8a", "cls": b"1", "caption": b"one", "score": b"0.25"},
         "train/000000001": {"jpg": b"\xff\xd8b", "cls": b"2", "caption": b"two", "score": b"1.0"},
-        "train/000000002": {"jpg": b"", "cls": b"3", "score": b"2.5"},
         "train/000000003": {"cls": b"4", "caption": b"four"},
     }
+    # An empty image is an item error in every source, here a binary cell of 0 bytes.
+    assert [(s.item, s.reason, s.shard) for s in result.skipped] == [
+        (
+            "train.parquet:row 2",
+            "field 'jpg' is an empty image (0 bytes)",
+            f"shard-000000.{result.shard_names[0].rsplit('.', 1)[-1]}",
+        )
+    ]
 
 
 def _third_party_tars(

@@ -210,3 +210,16 @@ def test_index_lists_gzip_tfrecords_and_they_load_exactly_once(tmp_path: Path) -
     ds = fastload.open_dataset(str(tmp_path / "dst"), fields=("__key__", "cls"))
     got = sorted(k for keys, _ in fastload.DataLoader(ds, batch_size=4) for k in keys)
     assert got == sorted([f"t-000000-{i}" for i in range(4)] + [f"t-000001-{i}" for i in range(5)])
+
+
+def test_convert_of_a_folder_of_compressed_shards_reads_their_samples(tmp_path: Path) -> None:
+    """It used to make a 1-sample dataset per file, with a field named `tgz`."""
+    src = tmp_path / "src"
+    src.mkdir()
+    keys = _compressed_dir(src)
+    (src / "notes.txt.gz").unlink()
+    dst = tmp_path / "dst"
+    result = fastload.convert(str(src), str(dst), quiet=True, workers=1)
+    assert result.num_samples == len(keys)
+    ds = fastload.open_dataset(str(dst), shuffle=False, fields=("__key__", "cls"))
+    assert sorted(ds[i][0] for i in range(len(ds))) == sorted(keys)
