@@ -575,10 +575,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"fastload {args.command}: error: {exc}\n")
         return 2
     except KeyboardInterrupt as exc:
-        # convert notes how far it got and how to resume; other commands have nothing to resume
-        notes = getattr(exc, "__notes__", None) or ["interrupted"]
-        for note in notes:
-            sys.stderr.write(f"fastload {args.command}: {note}\n")
+        # convert has said how far it got and how to resume (its note; printed already unless
+        # --quiet); the other commands have nothing to resume
+        notes = getattr(exc, "__notes__", None)
+        if not notes:
+            sys.stderr.write(f"fastload {args.command}: interrupted\n")
+        elif getattr(args, "quiet", False):
+            for note in notes:
+                sys.stderr.write(f"fastload {args.command}: {note}\n")
         return 130
     except BrokenPipeError:  # `fastload inspect ... | head`: the reader has what it wanted
         devnull = os.open(os.devnull, os.O_WRONLY)

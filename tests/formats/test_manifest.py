@@ -81,6 +81,7 @@ def test_unknown_format_names_the_manifest() -> None:
     manifest = Manifest.from_json(json.dumps(doc(format="zarrshards")), url=URL)
     with pytest.raises(ManifestError, match="names shard format 'zarrshards'") as ei:
         manifest.resolve_format(url=URL)
-    assert "known: lmdb, tfrecord, webdataset" in str(ei.value)
+    assert "known: " in str(ei.value)  # the registered formats (tests may register more)
+    assert "lmdb, tfrecord, webdataset" in str(ei.value)
     assert URL in str(ei.value)
     assert "format=..." not in str(ei.value)  # open_dataset has no such option

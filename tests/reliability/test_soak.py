@@ -75,8 +75,9 @@ def test_soak_from_rgw_through_a_small_cache_leaves_nothing_behind(
     # reader holds its mapping's fd, up to max_open_shards per thread): bounded, not equal.
     assert final.fds_workers <= first.fds_workers + 8, shown
     assert final.shm == first.shm == 0, shown
-    # Temp files: none, but each live worker's multiprocessing fd-passing socket (pymp-*).
-    assert final.temp == first.temp == (2 if persistent else 0), shown
+    # Temp files: none, but each live worker's multiprocessing fd-passing socket (pymp-*), made
+    # here unless an earlier test of this process already made the process's pymp directory.
+    assert final.temp == first.temp <= (2 if persistent else 0), shown
     assert all(s.held == 0 for s in samples), shown  # no evicted shard kept on disk by a reader
     assert final.locks == first.locks, shown
     assert final.locks <= 2 * SHARDS + 1, shown  # one per object (shard, index) + evict.lock
