@@ -28,7 +28,7 @@ from types import TracebackType
 from typing import Any, ClassVar, Literal
 
 from fastload._plugins import PluginRegistry
-from fastload.errors import FormatError, InvalidArgumentError, MissingIndexError
+from fastload.errors import CorruptDataError, FormatError, InvalidArgumentError, MissingIndexError
 from fastload.storage import Store
 
 __all__ = [
@@ -215,6 +215,58 @@ class ShardReader(ABC):
     @abstractmethod
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """Yield the shard's samples in order, streaming."""
+
+    # ---- checks against the manifest, for readers with an index ---------------------------------
+
+    def index_bound(self, size: int) -> int:
+        """The size an index of this shard must fit in: the shard's ``size``, or the manifest's
+        ``num_bytes`` when the shard is shorter (truncated: the index still describes the whole
+        shard, and reads report the samples past the cut one by one)."""
+        return size if self.expected_bytes is None else max(size, self.expected_bytes)
+
+    def check_index_count(self, count: int, index_url: str) -> None:
+        """Raise when an index lists another number of samples than the manifest gives the shard.
+
+        Raises:
+            CorruptDataError: The counts differ; names the index, the shard and both counts.
+        """
+        if self.expected_samples is not None and count != self.expected_samples:
+            raise CorruptDataError(
+                f"index {index_url} lists {count} samples, but the dataset manifest says shard "
+                f"{self.url} holds {self.expected_samples}; the index is damaged or stale "
+                "(rebuild it with `fastload index`), or the manifest is (check both with "
+                "`fastload verify`)",
+                url=index_url,
+            )
+
+    def missing_sample(self, i: int, found: int) -> CorruptDataError | None:
+        """The error for position ``i`` past the ``found`` samples of the shard, when the manifest
+        lists it (``None`` when it does not: an ordinary out-of-range position)."""
+        if self.expected_samples is None or not found <= i < self.expected_samples:
+            return None
+        return CorruptDataError(
+            f"sample {i} is missing: the dataset manifest says the shard holds "
+            f"{self.expected_samples} samples, but only {found} could be found in it; the shard "
+            f"is damaged or the manifest is wrong (check with `fastload verify`)"
+            f"{DAMAGED_SHARD_REMEDY}",
+            url=self.url,
+        )
+
+    def past_end(self, i: int, start: int, end: int, size: int) -> CorruptDataError:
+        """The error for sample ``i`` at bytes ``[start, end)`` of a shard that ends at ``size``."""
+        truncated = self.expected_bytes is not None and size < self.expected_bytes
+        return CorruptDataError(
+            f"sample {i} lies at bytes [{start}, {end}) but the shard ends at byte {size}"
+            + (
+                f" (the manifest says it has {self.expected_bytes} bytes): the shard is "
+                f"truncated{DAMAGED_SHARD_REMEDY}"
+                if truncated
+                else "; the shard is truncated, or the index belongs to another version of it "
+                "(check with `fastload verify`)"
+            ),
+            url=self.url,
+            offset=size,
+        )
 
     def __len__(self) -> int:
         """Number of samples (needs random access)."""

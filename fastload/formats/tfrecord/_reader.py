@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from fastload.errors import CorruptDataError, FormatError, MissingIndexError, ObjectNotFoundError
-from fastload.formats._base import DAMAGED_SHARD_REMEDY, OnError, ShardReader
+from fastload.formats._base import OnError, ShardReader
 from fastload.formats._mmap import local_file, map_file
 from fastload.formats.tfrecord._compression import (
     InflateReader,
@@ -432,19 +432,9 @@ class TFRecordReader(ShardReader):
     def _checked_index(self, text: bytes, iurl: str, size: int) -> RecordIndex:
         """Parse the index and check it against the shard and the manifest; under ``skip`` and
         ``warn`` a damaged index is replaced by one read from the shard's record headers."""
-        # A shard shorter than the manifest says is truncated: the index still describes the
-        # whole shard, and read() reports the records past the cut one by one.
-        bound = size if self.expected_bytes is None else max(size, self.expected_bytes)
         try:
-            index = parse_index(text, url=iurl, shard_size=bound)
-            if self.expected_samples is not None and len(index) != self.expected_samples:
-                raise CorruptDataError(
-                    f"index {iurl} lists {len(index)} records, but the dataset manifest says "
-                    f"shard {self.url} holds {self.expected_samples}; the index is damaged or "
-                    "stale (rebuild it with `fastload index`), or the manifest is (check both "
-                    "with `fastload verify`)",
-                    url=iurl,
-                )
+            index = parse_index(text, url=iurl, shard_size=self.index_bound(size))
+            self.check_index_count(len(index), iurl)
         except CorruptDataError as exc:
             if self.policy.on_error == "raise":
                 raise
@@ -495,31 +485,14 @@ class TFRecordReader(ShardReader):
         index = self._load_index()
         n = len(index)
         if not -n <= i < n:
-            if self.expected_samples is not None and n <= i < self.expected_samples:
-                raise CorruptDataError(
-                    f"record {i} is missing: the dataset manifest says the shard holds "
-                    f"{self.expected_samples} records, but only {n} could be found in it; the "
-                    "shard is damaged or the manifest is wrong (check with `fastload verify`)"
-                    f"{DAMAGED_SHARD_REMEDY}",
-                    url=self.url,
-                )
+            missing = self.missing_sample(i, n)
+            if missing is not None:
+                raise missing
             raise IndexError(f"record {i} out of range: {self.url} has {n} records")
         i %= n
         offset, size = index.offsets[i], index.sizes[i]
         if offset + size > self._size:
-            raise CorruptDataError(
-                f"record {i} lies at bytes [{offset}, {offset + size}) but the shard ends at "
-                f"byte {self._size}"
-                + (
-                    f" (the manifest says it has {self.expected_bytes} bytes): the shard is "
-                    f"truncated{DAMAGED_SHARD_REMEDY}"
-                    if self.expected_bytes is not None and self._size < self.expected_bytes
-                    else "; the shard is truncated, or the index belongs to another version of "
-                    "it (check with `fastload verify`)"
-                ),
-                url=self.url,
-                offset=self._size,
-            )
+            raise self.past_end(i, offset, offset + size, self._size)
         buf: Buffer
         view = self._local_map()
         if view is not None:

@@ -134,19 +134,9 @@ class WebDatasetReader(ShardReader):
             self._index, self._index_loaded = None, True
             return None
         self._size = size = self.store.size(self.key)
-        # A shard shorter than the manifest says is truncated: its index still describes the
-        # whole shard, and read() reports the samples past the cut one by one.
-        bound = size if self.expected_bytes is None else max(size, self.expected_bytes)
         try:
-            index = parse_index(data, url=iurl, shard_size=bound)
-            if self.expected_samples is not None and len(index) != self.expected_samples:
-                raise CorruptDataError(
-                    f"index {iurl} lists {len(index)} samples, but the dataset manifest says "
-                    f"shard {self.url} holds {self.expected_samples}; the index is damaged or "
-                    "stale (rebuild it with `fastload index`), or the manifest is (check both "
-                    "with `fastload verify`)",
-                    url=iurl,
-                )
+            index = parse_index(data, url=iurl, shard_size=self.index_bound(size))
+            self.check_index_count(len(index), iurl)
         except CorruptDataError as exc:
             if self.policy.on_error == "raise":
                 raise
@@ -246,31 +236,14 @@ class WebDatasetReader(ShardReader):
         """
         index = self._require_index()
         if not 0 <= i < len(index):
-            if self.expected_samples is not None and 0 <= i < self.expected_samples:
-                raise CorruptDataError(
-                    f"sample {i} is missing: the dataset manifest says the shard holds "
-                    f"{self.expected_samples} samples, but only {len(index)} could be found in "
-                    "it; the shard is damaged or the manifest is wrong (check with "
-                    f"`fastload verify`){DAMAGED_SHARD_REMEDY}",
-                    url=self.url,
-                )
+            missing = self.missing_sample(i, len(index))
+            if missing is not None:
+                raise missing
             raise IndexError(f"sample {i} out of range: {self.url} has {len(index)} samples")
         comps = index[i]
         last = comps[-1]
         if last.offset + last.size > self._size:
-            raise CorruptDataError(
-                f"sample {i} lies at bytes [{comps[0].offset - BLOCK}, {last.offset + last.size}) "
-                f"but the shard ends at byte {self._size}"
-                + (
-                    f" (the manifest says it has {self.expected_bytes} bytes): the shard is "
-                    f"truncated{DAMAGED_SHARD_REMEDY}"
-                    if self.expected_bytes is not None and self._size < self.expected_bytes
-                    else "; the shard is truncated, or the index belongs to another version of "
-                    "it (check with `fastload verify`)"
-                ),
-                url=self.url,
-                offset=self._size,
-            )
+            raise self.past_end(i, comps[0].offset - BLOCK, last.offset + last.size, self._size)
         view = self._local_map()
         if view is not None:  # a local file: each field is one copy out of the page cache
             parts = [
