@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["fsync_dir"]
+__all__ = ["fsync_dir", "pid_alive"]
 
 
 def fsync_dir(path: str) -> None:
@@ -19,3 +19,14 @@ def fsync_dir(path: str) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this machine (one we may not signal counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -59,6 +59,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from fastload._fsutil import pid_alive
 from fastload.convert._plan import (
     DEFAULT_SHARD_SIZE,
     ShardPlan,
@@ -443,16 +444,6 @@ _PARENT = 0
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _init_worker(samples: Any, nbytes: Any, jobs: Any, stop: Any, parent: int) -> None:
     """Set up a worker process. It is killed when the converting process dies (Linux: by the
     kernel, ``PR_SET_PDEATHSIG``; elsewhere it stops before its next shard), so that a killed
@@ -470,7 +461,7 @@ def _init_worker(samples: Any, nbytes: Any, jobs: Any, stop: Any, parent: int) -
             ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except (OSError, AttributeError):  # pragma: no cover - no prctl in this libc
             pass
-    if not _alive(parent):  # it died before the signal was armed
+    if not pid_alive(parent):  # it died before the signal was armed
         os._exit(1)
 
 
@@ -673,7 +664,7 @@ def _write_shards(
 def _queued_jobs() -> Iterator[_ShardJob]:
     """In a worker: jobs from the pool's queue until its end marker or the stop flag."""
     while not _STOP.value:
-        if not _alive(_PARENT):  # the conversion was killed: nobody will use the shard
+        if not pid_alive(_PARENT):  # the conversion was killed: nobody will use the shard
             os._exit(1)
         data = _JOBS.get()
         if data is None:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from fastload._fsutil import pid_alive
 from fastload.errors import FastloadError
 
 __all__ = [
@@ -194,16 +195,6 @@ def _run_script(name: str, run: Path, timeout: float) -> str:
     return proc.stdout
 
 
-def _live(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 @contextlib.contextmanager
 def _locked(run: Path) -> Iterator[None]:
     lock = run.parent / f".{run.name}.lock"
@@ -220,7 +211,7 @@ def _users(run: Path) -> list[int]:
     live = []
     for entry in users.glob("*") if users.is_dir() else ():
         pid = int(entry.name) if entry.name.isdigit() else -1
-        if pid > 0 and _live(pid):
+        if pid > 0 and pid_alive(pid):
             live.append(pid)
         else:
             entry.unlink(missing_ok=True)
