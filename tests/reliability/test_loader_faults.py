@@ -142,13 +142,19 @@ def test_sigkilled_worker_is_named_with_its_shard_then_the_loader_recovers(
     url = ds.shard_url(1)
     assert url.endswith("/train-000001.tar")
     message = str(err.value)
-    assert (
-        f"rank 0, waiting for global step 5 of epoch 0; worker 1 (pid {found['pid']}, killed by "
-        f"SIGKILL) died at global step 5 processing sample at position 3 of shard {url} "
-        "(dataset index 11)"
-    ) in message
+    # The main process may notice the death while it still waits for one of worker 1's earlier
+    # steps (3 or 5, depending on load): the report names the step it waited for and, exactly,
+    # where the dead worker was.
+    assert re.search(
+        rf"rank 0, waiting for global step [35] of epoch 0; worker 1 \(pid {found['pid']}, "
+        rf"killed by SIGKILL\) died at global step 5 processing sample at position 3 of shard "
+        rf"{re.escape(url)} \(dataset index 11\)",
+        message,
+    ), message
     assert "worker 0" not in message  # the live worker is not blamed
-    assert got == [key_of(0, p) for p in range(8)] + [key_of(1, p) for p in range(2)]
+    expected = [key_of(0, p) for p in range(8)] + [key_of(1, p) for p in range(2)]
+    assert got == expected[: len(got)]  # what came before the death came in order, once
+    assert len(got) >= 6
     # The failed iteration's workers are gone at once, and the next iteration starts fresh ones.
     assert not any(alive(p.pid) for p in multiprocessing.active_children() if p.pid)
     ds.transform = None
