@@ -2,6 +2,7 @@
 
 * :mod:`fastload.testing.store`: ``StoreTests`` for every storage backend and wrapper.
 * :mod:`fastload.testing.formats`: ``ShardFormatTests`` for every shard format.
+* :mod:`fastload.testing.streams`: stores with forward-only, short-read streams.
 
 These modules import pytest and hypothesis; they are for test suites, not for production code.
 """

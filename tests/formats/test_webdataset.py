@@ -31,6 +31,7 @@ from fastload.formats.webdataset import (
 )
 from fastload.storage import LocalStore, MemoryStore, Store
 from fastload.testing import need
+from fastload.testing.streams import ForwardOnlyStore
 
 KEY = "ds/shard-000000.tar"
 
@@ -78,30 +79,6 @@ def test_registry_entry() -> None:
     assert fmt.reader is WebDatasetReader
 
 
-class _ForwardOnlyRaw(io.RawIOBase):
-    """A stream that cannot seek and returns at most 700 bytes per read."""
-
-    def __init__(self, data: bytes) -> None:
-        super().__init__()
-        self._data, self._pos = data, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        n = min(len(buffer), len(self._data) - self._pos, 700)
-        buffer[:n] = self._data[self._pos : self._pos + n]
-        self._pos += n
-        return n
-
-
-class _ForwardOnlyStore(MemoryStore):
-    """A store whose reader is a forward-only stream (like a plain HTTP body)."""
-
-    def open_reader(self, key: str, *, chunk_size: int = 0) -> io.BufferedIOBase:
-        return io.BufferedReader(_ForwardOnlyRaw(self.get(key)), buffer_size=1024)
-
-
 #: How a shard reaches the reader: a memory map (local), a seekable ranged stream (memory), a
 #: stream that cannot seek.
 _STORE_KINDS = ["local", "memory", "forward-only"]
@@ -118,7 +95,7 @@ def corrupt_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
         elif request.param == "memory":
             store = MemoryStore(name)
         else:
-            store = _ForwardOnlyStore(name + "-fwd")
+            store = ForwardOnlyStore(name + "-fwd")
         store.put("bad.tar", data)
         return store
 
@@ -158,7 +135,7 @@ def test_round_trip_hypothesis(kind: str, samples: list[dict[str, Any]]) -> None
         store: Store = {
             "local": lambda: LocalStore(tmp),
             "memory": lambda: MemoryStore("wds-hyp"),
-            "forward-only": lambda: _ForwardOnlyStore("wds-hyp-fwd"),
+            "forward-only": lambda: ForwardOnlyStore("wds-hyp-fwd"),
         }[kind]()
         _check_round_trip(store, samples)
 

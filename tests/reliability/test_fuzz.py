@@ -58,6 +58,7 @@ from fastload.formats.webdataset import WebDatasetReader, WebDatasetWriter, buil
 from fastload.formats.webdataset import parse_index as parse_wds_index
 from fastload.formats.webdataset._tar import BLOCK, encode_member_header, parse_octal, scan
 from fastload.storage import LocalStore, MemoryStore, Store
+from fastload.testing.streams import ForwardOnlyStore
 
 #: Multiplies every test's ``max_examples`` (long local runs); 1 in CI.
 SCALE = max(1, int(os.environ.get("FASTLOAD_FUZZ_EXAMPLES", "1") or "1"))
@@ -120,37 +121,13 @@ def local_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("fuzz")
 
 
-class _ForwardOnlyRaw(io.RawIOBase):
-    """A stream that cannot seek and returns at most 700 bytes per read (a plain HTTP body)."""
-
-    def __init__(self, data: bytes) -> None:
-        super().__init__()
-        self._data, self._pos = data, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        n = min(len(buffer), len(self._data) - self._pos, 700)
-        buffer[:n] = self._data[self._pos : self._pos + n]
-        self._pos += n
-        return n
-
-
-class _ForwardOnlyStore(MemoryStore):
-    """A store whose reader is a forward-only stream."""
-
-    def open_reader(self, key: str, *, chunk_size: int = 0) -> io.BufferedIOBase:
-        return io.BufferedReader(_ForwardOnlyRaw(self.get(key)), buffer_size=1024)
-
-
 def _stores(root: Path, objects: dict[str, bytes], *, forward_only: bool = True) -> list[Store]:
     """The same objects in a local store (memory-mapped reads), a memory store (seekable ranged
     stream) and (``forward_only``) a store whose streams cannot seek, which the WebDataset reader
     supports (the ``Store`` contract promises seekable streams)."""
     stores: list[Store] = [LocalStore(root, fsync=False), MemoryStore("fuzz")]
     if forward_only:
-        stores.append(_ForwardOnlyStore("fuzz-fwd"))
+        stores.append(ForwardOnlyStore("fuzz-fwd"))
     for store in stores:
         store.delete_many(store.list_keys(""))
         for key, data in objects.items():
