@@ -10,7 +10,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
@@ -63,10 +63,11 @@ def _try_lock(fd: int, *, wait: bool) -> bool:
     return True
 
 
-def _new_temp_file(directory: str) -> tuple[int, str]:
-    """A new, locked temporary file in ``directory``: ``(descriptor, path)``."""
+def _created_locked(create: Callable[[], tuple[int, str]]) -> tuple[int, str]:
+    """``create()`` a file or directory (``(descriptor, path)``) and lock it; again when a
+    remover deleted it before it was locked (its link count is then 0)."""
     while True:
-        fd, path = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=directory)
+        fd, path = create()
         try:
             _try_lock(fd, wait=True)
             if os.fstat(fd).st_nlink:
@@ -74,7 +75,12 @@ def _new_temp_file(directory: str) -> tuple[int, str]:
         except BaseException:
             os.close(fd)
             raise
-        os.close(fd)  # removed by a remover before we locked it: make another
+        os.close(fd)
+
+
+def _new_temp_file(directory: str) -> tuple[int, str]:
+    """A new, locked temporary file in ``directory``: ``(descriptor, path)``."""
+    return _created_locked(lambda: tempfile.mkstemp(prefix=_TMP_PREFIX, dir=directory))
 
 
 def make_scratch_dir(directory: str | None = None, *, prefix: str = _TMP_PREFIX) -> tuple[str, int]:
@@ -84,19 +90,14 @@ def make_scratch_dir(directory: str | None = None, *, prefix: str = _TMP_PREFIX)
     a dead owner's directory is the only kind :func:`remove_stale_temporaries` ever finds
     unlocked. ``directory=None`` means the system temporary directory.
     """
-    while True:
+
+    def create() -> tuple[int, str]:
         path = tempfile.mkdtemp(prefix=prefix, dir=directory)
-        fd = os.open(
-            path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
-        )
-        try:
-            _try_lock(fd, wait=True)
-            if os.fstat(fd).st_nlink:
-                return path, fd
-        except BaseException:
-            os.close(fd)
-            raise
-        os.close(fd)
+        flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+        return os.open(path, flags), path
+
+    fd, path = _created_locked(create)
+    return path, fd
 
 
 def remove_stale_temporaries(directory: str, *, prefix: str = _TMP_PREFIX) -> list[str]:
