@@ -89,6 +89,18 @@ def _sniff(stream: io.BufferedIOBase) -> tuple[bytes, io.BufferedIOBase]:
 
 
 @contextmanager
+def _inflated(source: Any, codec: Codec, url: str, inflate: bool) -> Iterator[InflatedView]:
+    """The decompressed view of a compressed shard (closed at the end), or the refusal."""
+    if not inflate:
+        raise _refuse(codec, url)
+    view = InflatedView(source, codec, url)
+    try:
+        yield view
+    finally:
+        view.close()
+
+
+@contextmanager
 def open_shard(store: Store, key: str, *, inflate: bool = False) -> Iterator[ShardView]:
     """Open ``key`` for :func:`scan_shard`: a memory map of a local file, else a stream view;
     with ``inflate``, a compressed shard as an
@@ -109,13 +121,8 @@ def open_shard(store: Store, key: str, *, inflate: bool = False) -> Iterator[Sha
             if codec is None:
                 yield view
             else:
-                if not inflate:
-                    raise _refuse(codec, store.child_url(key))
-                inflated = InflatedView(view, codec, store.child_url(key))
-                try:
+                with _inflated(view, codec, store.child_url(key), inflate) as inflated:
                     yield inflated
-                finally:
-                    inflated.close()
         finally:
             if isinstance(view, mmap.mmap):
                 view.close()
@@ -124,13 +131,8 @@ def open_shard(store: Store, key: str, *, inflate: bool = False) -> Iterator[Sha
         head, stream = _sniff(raw)
         codec = compression_of(head)
         if codec is not None:
-            if not inflate:
-                raise _refuse(codec, store.child_url(key))
-            inflated = InflatedView(stream, codec, store.child_url(key))
-            try:
+            with _inflated(stream, codec, store.child_url(key), inflate) as inflated:
                 yield inflated
-            finally:
-                inflated.close()
             return
         size = stream_size(stream)
         if size is None:
