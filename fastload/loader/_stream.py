@@ -703,11 +703,10 @@ class _ShardLookahead:
     ) -> _ShardLookahead | None:
         """A lookahead when the dataset's store can prefetch and ``prefetch_shards > 0``."""
         ds = stream.dataset
-        prefetch = getattr(ds.store, "prefetch", None)
-        depth = getattr(ds, "prefetch_shards", 0)
-        if prefetch is None or not callable(prefetch) or depth <= 0:
+        depth = ds.prefetch_shards
+        if not ds.store.supports_prefetch or depth <= 0:
             return None
-        return cls(stream, order, steps, rank, depth, prefetch)
+        return cls(stream, order, steps, rank, depth, ds.store.prefetch)
 
     def _first_touches(self) -> Iterator[tuple[int, int]]:
         """(worker batch number, shard) for each shard the first time the worker's batches read it."""

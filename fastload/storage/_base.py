@@ -467,6 +467,19 @@ class Store(ABC):
                 copied += len(block)
         return copied
 
+    @property
+    def supports_prefetch(self) -> bool:
+        """:meth:`prefetch` does something (a store that fills a local cache ahead of use)."""
+        return False
+
+    def prefetch(self, keys: Iterable[str]) -> None:
+        """Hint that ``keys`` will be read soon, in this order; returns at once.
+
+        The default does nothing. A store that can act on the hint (a cache) overrides this and
+        :attr:`supports_prefetch`; errors are never raised here but by the read that needs the key.
+        """
+        del keys
+
     def child_url(self, key: str) -> str:
         """The URL of ``key`` within this store, for messages (no credentials)."""
         return self.url.rstrip("/") + "/" + key

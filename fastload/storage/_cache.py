@@ -444,6 +444,10 @@ class CachingStore(WrapperStore):
                     os.unlink(path)
         self._validated.discard(key)
 
+    @property
+    def supports_prefetch(self) -> bool:
+        return self._prefetch_threads > 0
+
     def prefetch(self, keys: Iterable[str]) -> None:
         """Start filling the cache with ``keys`` in the background, in the order given.
 

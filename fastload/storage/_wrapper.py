@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import builtins
 import io
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from fastload.errors import InvalidArgumentError
 from fastload.storage._base import (
@@ -78,6 +78,13 @@ class WrapperStore(Store):
     @property
     def shared_across_processes(self) -> bool:  # type: ignore[override]
         return self._store.shared_across_processes
+
+    @property
+    def supports_prefetch(self) -> bool:
+        return self._store.supports_prefetch
+
+    def prefetch(self, keys: Iterable[str]) -> None:
+        self._store.prefetch(keys)
 
     # ---- required operations: forwarded ---------------------------------------------------------
 
