@@ -1,12 +1,14 @@
-"""Byte sizes written by people (``--shard-size 256MB``, ``cache_size="500GB"``): one parser."""
+"""Numbers written by people: one parser for byte sizes (``--shard-size 256MB``,
+``cache_size="500GB"``) and one check for int arguments (``batch_size``, ``workers``, ...)."""
 
 from __future__ import annotations
 
+import numbers
 import re
 
 from fastload.errors import InvalidArgumentError
 
-__all__ = ["parse_size"]
+__all__ = ["check_int", "parse_size"]
 
 _UNITS = {
     "": 1,
@@ -59,3 +61,17 @@ def parse_size(value: int | str, *, allow_zero: bool = False) -> int:
             f"size must be {'>= 0' if allow_zero else 'positive'}, got {value!r}"
         )
     return number
+
+
+def check_int(name: str, value: object, *, minimum: int = 0, maximum: int | None = None) -> int:
+    """``value`` as an int if it is one (``numpy`` integers too, ``bool`` not) in
+    ``[minimum, maximum]``; else :class:`InvalidArgumentError` naming the argument and the range.
+
+    One check for every int argument, so that each says the same thing the same way.
+    """
+    if not isinstance(value, bool) and isinstance(value, numbers.Integral):
+        number = int(value)
+        if number >= minimum and (maximum is None or number <= maximum):
+            return number
+    wanted = f"from {minimum} to {maximum}" if maximum is not None else f">= {minimum}"
+    raise InvalidArgumentError(f"{name} must be an int {wanted}, got {value!r}")

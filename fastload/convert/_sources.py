@@ -47,7 +47,7 @@ from fastload.errors import (
 )
 from fastload.formats._base import ErrorPolicy
 from fastload.formats._sample import KEY, validate_field_name
-from fastload.formats.manifest import MANIFEST_NAME, read_manifest
+from fastload.formats.manifest import IMAGE_EXTENSIONS, MANIFEST_NAME, read_manifest
 from fastload.storage import ObjectMeta, Store, open_store
 
 __all__ = [
@@ -74,10 +74,6 @@ __all__ = [
     "sanitize_key",
 ]
 
-#: Extensions that make a directory look like an image folder.
-IMAGE_EXTENSIONS = frozenset(
-    {"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "jxl", "avif"}
-)
 _EXT_ALIASES = {"jpeg": "jpg"}
 _JSONL_EXT = frozenset({"jsonl", "ndjson"})
 _TEXT_EXT = frozenset({"txt"})

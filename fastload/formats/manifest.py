@@ -40,6 +40,7 @@ from fastload.formats._base import FORMATS, Format, ShardInfo, get_format
 from fastload.storage import Store
 
 __all__ = [
+    "IMAGE_EXTENSIONS",
     "MANIFEST_NAME",
     "MANIFEST_VERSION",
     "Manifest",
@@ -54,6 +55,12 @@ __all__ = [
 MANIFEST_NAME = "fastload.json"
 MANIFEST_VERSION = 1
 
+#: Extensions of image fields and files (lower case, no dot): what makes a directory an image
+#: folder for ``convert``, and the ``image`` type of a manifest's schema. The one list.
+IMAGE_EXTENSIONS: frozenset[str] = frozenset(
+    {"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "jxl", "avif"}
+)
+
 _TYPES = {
     "int": ("cls", "cls2", "index", "id", "label"),
     "text": ("txt", "text", "transcript"),
@@ -61,7 +68,7 @@ _TYPES = {
     "npy": ("npy",),
     "msgpack": ("msgpack", "mp"),
     "pickle": ("pyd", "pickle"),
-    "image": ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm"),
+    "image": tuple(sorted(IMAGE_EXTENSIONS)),
     "audio": ("wav", "flac", "mp3", "ogg"),
     "video": ("mp4", "webm", "avi", "mkv"),
 }
