@@ -16,6 +16,11 @@ Guarantees every backend gives (and the conformance suite in :mod:`fastload.test
   segment, no empty segment, no NUL byte.
 * Stores pickle cheaply and reopen OS or network resources lazily in each process, so a store can
   be handed to DataLoader workers under the fork, spawn and forkserver start methods.
+
+The values stores take and return (keys, :class:`ByteRange`, :class:`ObjectMeta`) are defined in
+:mod:`fastload.storage._keys`, the stream types (:class:`ObjectWriter`, :class:`SeekableReader`)
+in :mod:`fastload.storage._streams`; both are re-exported here. ``fastload/storage/README.md``
+is the guide for writing a backend.
 """
 
 from __future__ import annotations
@@ -24,16 +29,18 @@ import builtins
 import io
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from types import TracebackType
-from typing import ClassVar
 
-from fastload.errors import InvalidKeyError, InvalidRangeError, ObjectNotFoundError
+from fastload.errors import ObjectNotFoundError, ReadOnlyStoreError
+from fastload.storage._keys import ByteRange, ObjectMeta, check_range, validate_key, validate_prefix
+from fastload.storage._streams import ObjectWriter, RangedReader, SeekableReader
 
 __all__ = [
+    "DEFAULT_COALESCE_BYTES",
+    "DEFAULT_READ_CHUNK",
     "ByteRange",
     "ObjectMeta",
     "ObjectWriter",
+    "SeekableReader",
     "Store",
     "check_range",
     "validate_key",
@@ -46,238 +53,6 @@ DEFAULT_COALESCE_BYTES = 1024 * 1024
 DEFAULT_READ_CHUNK = 8 * 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class ByteRange:
-    """A half-open byte range of an object.
-
-    Attributes:
-        start: First byte, inclusive, ``>= 0``.
-        end: One past the last byte, exclusive, ``>= start``. ``ByteRange(0, 0)`` is empty.
-    """
-
-    start: int
-    end: int
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.start, int) or not isinstance(self.end, int):
-            raise InvalidRangeError(f"byte range bounds must be integers, got {self!r}")
-        if self.start < 0 or self.end < self.start:
-            raise InvalidRangeError(
-                f"invalid byte range [{self.start}, {self.end}): need 0 <= start <= end "
-                "(start inclusive, end exclusive)"
-            )
-
-    @classmethod
-    def from_length(cls, start: int, length: int) -> ByteRange:
-        """The range of ``length`` bytes beginning at ``start``."""
-        return cls(start, start + length)
-
-    @property
-    def length(self) -> int:
-        """Number of bytes in the range."""
-        return self.end - self.start
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectMeta:
-    """What a store knows about one object.
-
-    Attributes:
-        key: The object's key, relative to the store root.
-        size: Size in bytes.
-        mtime: Last modification as seconds since the Unix epoch, or ``None`` if unknown.
-        etag: An opaque version tag that changes when the content changes, or ``None``.
-    """
-
-    key: str
-    size: int
-    mtime: float | None = None
-    etag: str | None = None
-
-
-def validate_key(key: str, *, url: str = "") -> str:
-    """Check that ``key`` is a valid store key and return it.
-
-    Raises:
-        InvalidKeyError: If the key is empty, absolute, has a ``.``/``..``/empty segment or a NUL.
-    """
-    if not isinstance(key, str):
-        raise InvalidKeyError(f"store keys are str, got {type(key).__name__}: {key!r}", url=url)
-    if not key:
-        raise InvalidKeyError(
-            "store key is empty; name an object, e.g. 'data/shard-000000.tar'", url=url
-        )
-    if "\x00" in key:
-        raise InvalidKeyError(f"store key {key!r} contains a NUL byte", url=url)
-    if key[0] == "/":
-        raise InvalidKeyError(
-            f"store key {key!r} is absolute; keys are relative to the store root {url!r}", url=url
-        )
-    # Fast path (this runs on every read): no empty segment and no segment starting with ".".
-    if "//" not in key and key[-1] != "/" and key[0] != "." and "/." not in key:
-        return key
-    for part in key.split("/"):
-        if part in ("", ".", ".."):
-            raise InvalidKeyError(
-                f"store key {key!r} has an empty, '.' or '..' path segment; keys may not escape "
-                f"or alias within the store root {url!r}",
-                url=url,
-            )
-    return key
-
-
-def validate_prefix(prefix: str, *, url: str = "") -> str:
-    """Check a listing prefix: ``""`` or a relative string without NUL (it may end with ``/``)."""
-    if not isinstance(prefix, str) or prefix.startswith("/") or "\x00" in prefix:
-        raise InvalidKeyError(
-            f"listing prefix {prefix!r} must be a relative str without NUL bytes", url=url
-        )
-    return prefix
-
-
-def check_range(byte_range: ByteRange, size: int, *, url: str) -> None:
-    """Raise :class:`InvalidRangeError` if ``byte_range`` reaches past an object of ``size`` bytes."""
-    if byte_range.end > size:
-        raise InvalidRangeError(
-            f"byte range [{byte_range.start}, {byte_range.end}) reaches past the end of {url}, "
-            f"which is {size} bytes long; request at most [.., {size})",
-            url=url,
-        )
-
-
-class ObjectWriter(ABC):
-    """A streamed writer for one object, returned by :meth:`Store.open_writer`.
-
-    Use it as a context manager: leaving the block normally commits the object (atomically: it
-    becomes visible whole, under its key, at that moment); leaving it with an exception aborts and
-    leaves nothing visible. Outside a ``with`` block call :meth:`commit` or :meth:`abort` yourself.
-    A writer is used by one thread at a time.
-    """
-
-    def __init__(self) -> None:
-        self._closed = False
-        self._written = 0
-
-    @abstractmethod
-    def _write(self, data: memoryview) -> None:
-        """Append ``data`` to the pending object."""
-
-    @abstractmethod
-    def _commit(self) -> None:
-        """Make the pending object visible under its key, atomically."""
-
-    @abstractmethod
-    def _abort(self) -> None:
-        """Discard the pending object and release resources; must not raise for cleanup failures."""
-
-    def write(self, data: bytes | bytearray | memoryview) -> int:
-        """Append ``data``; return the number of bytes written (always ``len(data)``)."""
-        if self._closed:
-            raise ValueError("write to a committed or aborted ObjectWriter")
-        view = memoryview(data).cast("B")
-        if view.nbytes:
-            self._write(view)
-            self._written += view.nbytes
-        return view.nbytes
-
-    def tell(self) -> int:
-        """Bytes written so far."""
-        return self._written
-
-    def commit(self) -> None:
-        """Publish the object. Idempotent after success; raises if already aborted."""
-        if self._closed:
-            return
-        try:
-            self._commit()
-        except BaseException:
-            self._closed = True
-            self._abort()
-            raise
-        self._closed = True
-
-    def abort(self) -> None:
-        """Discard everything written. Safe to call more than once."""
-        if self._closed:
-            return
-        self._closed = True
-        self._abort()
-
-    @property
-    def closed(self) -> bool:
-        """True once committed or aborted."""
-        return self._closed
-
-    def __enter__(self) -> ObjectWriter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is None:
-            self.commit()
-        else:
-            self.abort()
-
-    def __del__(self) -> None:
-        if not getattr(self, "_closed", True):
-            try:
-                self.abort()
-            except Exception:  # pragma: no cover - best effort at interpreter shutdown
-                pass
-
-
-class _RangedReader(io.RawIOBase):
-    """A sequential, read-only file object over a store object, fetched in ranged chunks."""
-
-    def __init__(self, store: Store, key: str, size: int, chunk: int) -> None:
-        super().__init__()
-        self._store, self._key, self._size, self._chunk = store, key, size, chunk
-        self._pos = 0
-        self._buf = b""
-        self._buf_start = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence == io.SEEK_SET:
-            base = 0
-        elif whence == io.SEEK_CUR:
-            base = self._pos
-        elif whence == io.SEEK_END:
-            base = self._size
-        else:
-            raise ValueError(f"invalid whence {whence!r}; use io.SEEK_SET, SEEK_CUR or SEEK_END")
-        if base + offset < 0:
-            raise ValueError(f"negative seek position {base + offset}")
-        self._pos = base + offset
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
-        out = memoryview(buffer).cast("B")
-        if self._pos >= self._size or not out.nbytes:
-            return 0
-        rel = self._pos - self._buf_start
-        if not (0 <= rel < len(self._buf)):
-            end = min(self._size, self._pos + max(self._chunk, out.nbytes))
-            self._buf = self._store.get(self._key, ByteRange(self._pos, end))
-            self._buf_start, rel = self._pos, 0
-        n = min(out.nbytes, len(self._buf) - rel)
-        out[:n] = self._buf[rel : rel + n]
-        self._pos += n
-        return n
-
-
 class Store(ABC):
     """Bytes under ``/``-separated string keys, somewhere.
 
@@ -285,22 +60,68 @@ class Store(ABC):
     :meth:`open_writer` and :meth:`delete`; they may override the conveniences for speed.
     Capability flags tell callers (and the conformance suite) what a backend can do.
 
+    Read-only handling is written once here: a backend passes its ``read_only`` option to
+    ``super().__init__`` and calls :meth:`_check_writable` first in every write;
+    :attr:`supports_writes` follows from it.
+
     Thread safety: every method may be called from several threads at once. Process safety:
     stores pickle by configuration and reopen resources lazily in the new process.
+
+    Args:
+        read_only: Refuse ``put``, ``open_writer``, ``delete`` and other writes with
+            :class:`~fastload.errors.ReadOnlyStoreError`.
     """
 
-    #: ``put``, ``open_writer`` and ``delete`` work (False for read-only stores).
-    supports_writes: ClassVar[bool] = True
-    #: ``get`` with a byte range costs about the range, not the whole object.
-    supports_range_reads: ClassVar[bool] = True
-    #: ``list`` works.
-    supports_listing: ClassVar[bool] = True
-    #: Objects are files on a local filesystem; :meth:`local_path` returns their paths.
-    has_local_paths: ClassVar[bool] = False
-    #: A copy of the store in another process (pickled, or opened from the same URL) sees the same
-    #: objects, including those written after the copy was made. False for ``memory://``, whose
-    #: pickled copies carry a snapshot: writes in a worker process are not seen by the parent.
-    shared_across_processes: ClassVar[bool] = True
+    # Capabilities are read-only properties; a backend whose answer is fixed sets the class
+    # attribute of the same name instead (``has_local_paths = True``), one whose answer depends on
+    # the instance overrides the property. Each property's docstring says what it promises.
+    # The class-level default serves subclasses that do not call ``Store.__init__``.
+    _read_only: bool = False
+
+    def __init__(self, *, read_only: bool = False) -> None:
+        self._read_only = bool(read_only)
+
+    @property
+    def read_only(self) -> bool:
+        """The store was opened read-only: every write raises :class:`ReadOnlyStoreError`."""
+        return self._read_only
+
+    @property
+    def supports_writes(self) -> bool:
+        """``put``, ``open_writer`` and ``delete`` work (False for read-only stores)."""
+        return not self.read_only
+
+    @property
+    def supports_range_reads(self) -> bool:
+        """``get`` with a byte range costs about the range, not the whole object."""
+        return True
+
+    @property
+    def supports_listing(self) -> bool:
+        """``list`` works."""
+        return True
+
+    @property
+    def has_local_paths(self) -> bool:
+        """Objects are files on a local filesystem; :meth:`local_path` returns their paths."""
+        return False
+
+    @property
+    def shared_across_processes(self) -> bool:
+        """A copy of the store in another process (pickled, or opened from the same URL) sees
+        the same objects, including those written after the copy was made. False for
+        ``memory://``, whose pickled copies carry a snapshot: writes in a worker process are not
+        seen by the parent."""
+        return True
+
+    def _check_writable(self, key: str) -> None:
+        """Raise :class:`ReadOnlyStoreError` if the store is read-only; every backend calls it
+        first in ``put``, ``open_writer``, ``delete`` and any other write."""
+        if self.read_only:
+            raise ReadOnlyStoreError(
+                f"store {self.url} was opened read-only; cannot write {key!r}",
+                url=self.child_url(key),
+            )
 
     # ---- required -------------------------------------------------------------------------------
 
@@ -353,11 +174,7 @@ class Store(ABC):
     # ---- conveniences, written once -----------------------------------------------------------
 
     def get_ranges(
-        self,
-        key: str,
-        ranges: Sequence[ByteRange],
-        *,
-        coalesce: int = DEFAULT_COALESCE_BYTES,
+        self, key: str, ranges: Sequence[ByteRange], *, coalesce: int = DEFAULT_COALESCE_BYTES
     ) -> builtins.list[bytes]:
         """Return the bytes of each range of one object, in the order given.
 
@@ -401,7 +218,8 @@ class Store(ABC):
         native stream override it. The reader is for one thread; close it when done.
         """
         size = self.head(key).size
-        return io.BufferedReader(_RangedReader(self, key, size, chunk_size), buffer_size=1 << 16)
+        raw = RangedReader(lambda byte_range: self.get(key, byte_range), size, chunk_size)
+        return io.BufferedReader(raw, buffer_size=1 << 16)
 
     def exists(self, key: str) -> bool:
         """True if ``key`` names an object."""
@@ -433,6 +251,11 @@ class Store(ABC):
         Only stores with :attr:`has_local_paths` return paths; the object must exist.
         """
         return None
+
+    def _put_through_writer(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        """:meth:`put` for a backend whose atomic write is the commit of its streamed writer."""
+        with self.open_writer(key) as writer:
+            writer.write(data)
 
     def delete_many(self, keys: Iterable[str]) -> None:
         """Delete several keys; missing keys are ignored."""

@@ -18,35 +18,27 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import os
 import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
+from fastload._lazy import PerProcess
 from fastload._plugins import require
 from fastload.errors import (
     InvalidArgumentError,
+    MissingDependencyError,
     ObjectNotFoundError,
-    ReadOnlyStoreError,
     StoreError,
     StorePermissionError,
     TransientStoreError,
 )
-from fastload.storage._base import (
-    ByteRange,
-    ObjectMeta,
-    ObjectWriter,
-    Store,
-    check_range,
-    validate_key,
-    validate_prefix,
-)
+from fastload.storage._base import ByteRange, ObjectMeta, ObjectWriter, Store, check_range
+from fastload.storage._keys import prefix_directory, validate_key, validate_prefix
+from fastload.storage._local_temp import TMP_PREFIX
 
 __all__ = ["HDFSStore"]
-
-_TMP_PREFIX = ".fastload-tmp-"
 
 
 class _HDFSWriter(ObjectWriter):
@@ -55,15 +47,8 @@ class _HDFSWriter(ObjectWriter):
         self._store, self._key = store, key
         self._path = store._path(key)
         parent = self._path.rsplit("/", 1)[0] or "/"
-        self._tmp = f"{parent}/{_TMP_PREFIX}{uuid.uuid4().hex}"
-        client = store._client()
-        hdfs_native = require("hdfs_native", extra="hdfs", feature="the hdfs:// store")
-        try:
-            self._file = client.create(
-                self._tmp, hdfs_native.WriteOptions(overwrite=True, create_parent=True)
-            )
-        except Exception as exc:
-            raise store._translate(exc, key) from exc
+        self._tmp = f"{parent}/{TMP_PREFIX}{uuid.uuid4().hex}"
+        self._file = store._create(self._tmp, key)
 
     def _write(self, data: memoryview) -> None:
         try:
@@ -130,14 +115,15 @@ class HDFSStore(Store):
         )
         self._config.setdefault("dfs.client.failover.sleep.base.millis", "100")
         self._config.setdefault("dfs.client.failover.sleep.max.millis", "2000")
-        self._read_only = read_only
+        super().__init__(read_only=read_only)
         self._kerberos = {
             "kerberos_principal": kerberos_principal,
             "kerberos_keytab": kerberos_keytab,
             "kerberos_cache": kerberos_cache,
         }
-        self._local = threading.local()
-        self._pid = os.getpid()
+        # One client per thread, as the original adapter chose; the thread-local itself is made
+        # once per process (a forked child must not use its parent's connections).
+        self._clients: PerProcess[threading.local] = PerProcess(threading.local)
 
     #: :func:`fastload.open_store` wraps HDFS stores in a :class:`~fastload.storage.RetryStore`
     #: unless told otherwise (``retry=False``).
@@ -149,16 +135,6 @@ class HDFSStore(Store):
         :func:`fastload.open_store`)."""
         return cls(url, **options)
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state.pop("_local", None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._local = threading.local()
-        self._pid = os.getpid()
-
     @property
     def url(self) -> str:
         return self._cluster + (self._root or "/")
@@ -166,26 +142,38 @@ class HDFSStore(Store):
     def child_url(self, key: str) -> str:
         return f"{self._cluster}{self._root}/{key}"
 
-    @property
-    def supports_writes(self) -> bool:  # type: ignore[override]
-        return not self._read_only
-
     # ---- helpers ----------------------------------------------------------------------------
 
     def _client(self) -> Any:
-        if self._pid != os.getpid():
-            self._local = threading.local()
-            self._pid = os.getpid()
-        client = getattr(self._local, "client", None)
+        """This thread's client, connected on first use (in each process and thread)."""
+        local = self._clients.get()
+        client = getattr(local, "client", None)
         if client is None:
-            hdfs_native = require("hdfs_native", extra="hdfs", feature="the hdfs:// store")
-            kwargs = {k: v for k, v in self._kerberos.items() if v is not None}
             try:
-                client = hdfs_native.Client(self._cluster, config=self._config, **kwargs)
+                client = self._connect()
+            except MissingDependencyError:
+                raise  # says what to install; not a failure of the cluster
             except Exception as exc:
                 raise self._translate(exc, "") from exc
-            self._local.client = client
+            local.client = client
         return client
+
+    def _connect(self) -> Any:
+        """A new ``hdfs_native.Client`` for the cluster (the one place the library is called to
+        make a client; :mod:`fastload.testing._store_hdfs` substitutes a stand-in here)."""
+        hdfs_native = require("hdfs_native", extra="hdfs", feature="the hdfs:// store")
+        kwargs = {k: v for k, v in self._kerberos.items() if v is not None}
+        return hdfs_native.Client(self._cluster, config=self._config, **kwargs)
+
+    def _create(self, path: str, key: str) -> Any:
+        """Open a new file at ``path`` for writing ``key`` (replacing any file there, making the
+        parent directories)."""
+        client = self._client()
+        hdfs_native = require("hdfs_native", extra="hdfs", feature="the hdfs:// store")
+        try:
+            return client.create(path, hdfs_native.WriteOptions(overwrite=True, create_parent=True))
+        except Exception as exc:
+            raise self._translate(exc, key) from exc
 
     def _path(self, key: str) -> str:
         validate_key(key, url=self.url)
@@ -195,8 +183,10 @@ class HDFSStore(Store):
         where = self.child_url(key) if key else self.url
         if isinstance(exc, StoreError):
             return exc
-        if isinstance(exc, FileNotFoundError):
+        if isinstance(exc, FileNotFoundError | NotADirectoryError):
             return ObjectNotFoundError(f"no object {where}", url=where)
+        if isinstance(exc, IsADirectoryError):
+            return ObjectNotFoundError(f"no object {where} (it is a directory)", url=where)
         if isinstance(exc, PermissionError):
             return StorePermissionError(
                 f"HDFS denied access to {where}: {exc}; check the path's owner, mode and ACLs, "
@@ -210,13 +200,6 @@ class HDFSStore(Store):
                 url=where,
             )
         return StoreError(f"HDFS error on {where}: {type(exc).__name__}: {exc}", url=where)
-
-    def _check_writable(self, key: str) -> None:
-        if self._read_only:
-            raise ReadOnlyStoreError(
-                f"store {self.url} was opened read-only; cannot write {key!r}",
-                url=self.child_url(key),
-            )
 
     # ---- Store API --------------------------------------------------------------------------
 
@@ -256,7 +239,9 @@ class HDFSStore(Store):
 
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
         validate_prefix(prefix, url=self.url)
-        head, _, _ = prefix.rpartition("/")
+        head = prefix_directory(prefix)
+        if head is None:
+            return
         start = f"{self._root}/{head}" if head else (self._root or "/")
         client = self._client()
         try:
@@ -274,7 +259,7 @@ class HDFSStore(Store):
             if not path.startswith("/"):  # some client versions report paths relative to start
                 path = f"{start.rstrip('/')}/{path}"
             key = path[len(base) :] if path.startswith(base) else path.lstrip("/")
-            if key.rsplit("/", 1)[-1].startswith(_TMP_PREFIX) or not key.startswith(prefix):
+            if key.rsplit("/", 1)[-1].startswith(TMP_PREFIX) or not key.startswith(prefix):
                 continue
             mtime_ms = int(status.modification_time)
             items.append(
@@ -286,8 +271,7 @@ class HDFSStore(Store):
         yield from items
 
     def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
-        with self.open_writer(key) as writer:
-            writer.write(data)
+        self._put_through_writer(key, data)  # the writer checks that the store is writable
 
     def open_writer(self, key: str) -> ObjectWriter:
         self._check_writable(key)

@@ -11,14 +11,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from fastload.errors import InvalidArgumentError
-from fastload.storage._base import (
-    DEFAULT_COALESCE_BYTES,
-    DEFAULT_READ_CHUNK,
-    ByteRange,
-    ObjectMeta,
-    ObjectWriter,
-    Store,
-)
+from fastload.storage._base import DEFAULT_COALESCE_BYTES, DEFAULT_READ_CHUNK, ObjectWriter, Store
+from fastload.storage._keys import ByteRange, ObjectMeta
 from fastload.storage._wrapper import WrapperStore
 
 __all__ = ["LimitStore"]
@@ -102,11 +96,7 @@ class LimitStore(WrapperStore):
             return self._store.head(key)
 
     def get_ranges(
-        self,
-        key: str,
-        ranges: Sequence[ByteRange],
-        *,
-        coalesce: int = DEFAULT_COALESCE_BYTES,
+        self, key: str, ranges: Sequence[ByteRange], *, coalesce: int = DEFAULT_COALESCE_BYTES
     ) -> builtins.list[bytes]:
         with self._slots:
             return self._store.get_ranges(key, ranges, coalesce=coalesce)

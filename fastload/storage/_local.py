@@ -1,16 +1,17 @@
-"""Local filesystem store: objects are files under a root directory."""
+"""Local filesystem store: objects are files under a root directory.
+
+Temporary files of unfinished writes, and the removal of those whose writer died, live in
+:mod:`fastload.storage._local_temp` (re-exported here).
+"""
 
 from __future__ import annotations
 
 import builtins
 import errno
-import fcntl
 import io
 import os
-import shutil
 import stat
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
@@ -19,127 +20,29 @@ from fastload.errors import (
     InvalidArgumentError,
     InvalidKeyError,
     ObjectNotFoundError,
-    ReadOnlyStoreError,
     StoreError,
     StorePermissionError,
 )
-from fastload.storage._base import (
+from fastload.storage._base import ObjectWriter, Store
+from fastload.storage._keys import (
     ByteRange,
     ObjectMeta,
-    ObjectWriter,
-    Store,
     check_range,
+    prefix_directory,
     validate_key,
     validate_prefix,
+)
+from fastload.storage._local_temp import (
+    TMP_PREFIX,
+    make_scratch_dir,
+    new_temp_file,
+    remove_stale_temporaries,
 )
 
 __all__ = ["LocalStore", "make_scratch_dir", "remove_stale_temporaries"]
 
-#: Names of unfinished writes start with this; the store never lists them and rejects such keys.
-_TMP_PREFIX = ".fastload-tmp-"
 _O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 _PATH_CACHE_SIZE = 1 << 16  # validated key -> path entries kept per store (then cleared)
-
-
-# ---- temporary files: owned by a live writer while it holds an flock on them -------------------
-#
-# Every temporary file (and scratch directory) a writer makes starts with ``_TMP_PREFIX`` and is
-# locked with ``flock(LOCK_EX)`` by its writer from just after it is created until it is renamed
-# into place or removed. The kernel drops the lock when the last descriptor of the writer's open
-# file goes away, i.e. when the writer (and any process that inherited the descriptor) has exited,
-# however it died. So :func:`remove_stale_temporaries` removes exactly the temporary files whose
-# owner is gone: it takes the lock without waiting, and a lock it cannot take belongs to a live
-# writer. A writer checks, once it holds its lock, that its file still has a name (a remover may
-# have taken the lock in the instant between creating and locking), and starts over if not.
-
-
-def _try_lock(fd: int, *, wait: bool) -> bool:
-    """``flock(LOCK_EX)``; False if another open file holds it (only when not waiting) or the
-    file system cannot lock (then nobody can, and a remover leaves the file alone)."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:  # EWOULDBLOCK: held; ENOLCK/EOPNOTSUPP/EINVAL: no locks on this file system
-        return False
-    return True
-
-
-def _created_locked(create: Callable[[], tuple[int, str]]) -> tuple[int, str]:
-    """``create()`` a file or directory (``(descriptor, path)``) and lock it; again when a
-    remover deleted it before it was locked (its link count is then 0)."""
-    while True:
-        fd, path = create()
-        try:
-            _try_lock(fd, wait=True)
-            if os.fstat(fd).st_nlink:
-                return fd, path
-        except BaseException:
-            os.close(fd)
-            raise
-        os.close(fd)
-
-
-def _new_temp_file(directory: str) -> tuple[int, str]:
-    """A new, locked temporary file in ``directory``: ``(descriptor, path)``."""
-    return _created_locked(lambda: tempfile.mkstemp(prefix=_TMP_PREFIX, dir=directory))
-
-
-def make_scratch_dir(directory: str | None = None, *, prefix: str = _TMP_PREFIX) -> tuple[str, int]:
-    """A new, locked scratch directory: ``(path, descriptor holding the lock)``.
-
-    The lock lasts until the descriptor is closed; remove the directory before closing it, so that
-    a dead owner's directory is the only kind :func:`remove_stale_temporaries` ever finds
-    unlocked. ``directory=None`` means the system temporary directory.
-    """
-
-    def create() -> tuple[int, str]:
-        path = tempfile.mkdtemp(prefix=prefix, dir=directory)
-        flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
-        return os.open(path, flags), path
-
-    fd, path = _created_locked(create)
-    return path, fd
-
-
-def remove_stale_temporaries(directory: str, *, prefix: str = _TMP_PREFIX) -> list[str]:
-    """Remove the temporary files and scratch directories in ``directory`` (not below it) whose
-    names start with ``prefix`` and whose writer is no longer alive; return their paths, sorted.
-
-    Safe while other processes write into ``directory``: an entry is removed only while this
-    function holds its ``flock``, which a live writer never lets go of (see the comment above).
-    Entries that cannot be opened or locked (other owners, file systems without ``flock``),
-    symbolic links and special files are left alone. A missing ``directory`` is not an error.
-    """
-    try:
-        entries = sorted(os.scandir(directory), key=lambda e: e.name)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    removed: list[str] = []
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    for entry in entries:
-        if not entry.name.startswith(prefix):
-            continue
-        try:
-            if not (entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False)):
-                continue
-            fd = os.open(entry.path, flags)
-        except OSError:
-            continue
-        try:
-            if not _try_lock(fd, wait=False):
-                continue  # a live writer's
-            held, now = os.fstat(fd), os.lstat(entry.path)
-            if (held.st_dev, held.st_ino) != (now.st_dev, now.st_ino):
-                continue  # renamed or replaced since we opened it
-            if stat.S_ISDIR(held.st_mode):
-                shutil.rmtree(entry.path)
-            else:
-                os.unlink(entry.path)
-            removed.append(entry.path)
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-    return removed
 
 
 class _LocalWriter(ObjectWriter):
@@ -152,7 +55,7 @@ class _LocalWriter(ObjectWriter):
         directory = os.path.dirname(path)
         try:
             os.makedirs(directory, exist_ok=True)
-            fd, self._tmp = _new_temp_file(directory)
+            fd, self._tmp = new_temp_file(directory)
         except OSError as exc:
             raise store._translate(exc, key, writing=True) from exc
         self._file = os.fdopen(fd, "wb", buffering=1 << 20)
@@ -233,7 +136,7 @@ class LocalStore(Store):
         self._root_sep = self._root.rstrip("/") + "/"
         # key -> validated, encoded path, for reads; per process, never pickled
         self._paths: dict[str, bytes] = {}
-        self._read_only = read_only
+        super().__init__(read_only=read_only)
         self._fsync = fsync
 
     @classmethod
@@ -259,10 +162,6 @@ class LocalStore(Store):
         """Absolute path of the root directory."""
         return self._root
 
-    @property
-    def supports_writes(self) -> bool:  # type: ignore[override]
-        return not self._read_only
-
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (self._root, self._read_only, self._fsync))
 
@@ -287,9 +186,9 @@ class LocalStore(Store):
 
     def _make_path(self, key: str) -> str:
         validate_key(key, url=self.url)
-        if _TMP_PREFIX in key and any(p.startswith(_TMP_PREFIX) for p in key.split("/")):
+        if TMP_PREFIX in key and any(p.startswith(TMP_PREFIX) for p in key.split("/")):
             raise InvalidKeyError(
-                f"store key {key!r} has a segment starting with {_TMP_PREFIX!r}, which "
+                f"store key {key!r} has a segment starting with {TMP_PREFIX!r}, which "
                 f"{self.url} reserves for temporary files of unfinished writes",
                 url=self.child_url(key),
             )
@@ -313,13 +212,6 @@ class LocalStore(Store):
                 url=where,
             )
         return StoreError(f"I/O error on {where}: {exc}", url=where)
-
-    def _check_writable(self, key: str) -> None:
-        if self._read_only:
-            raise ReadOnlyStoreError(
-                f"store {self.url} was opened read-only; cannot write {key!r}",
-                url=self.child_url(key),
-            )
 
     # ---- Store API --------------------------------------------------------------------------
 
@@ -400,9 +292,9 @@ class LocalStore(Store):
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
         validate_prefix(prefix, url=self.url)
         # Walk only the directory that can contain the prefix.
-        head, _, _ = prefix.rpartition("/")
-        if head and any(part in ("", ".", "..") for part in head.split("/")):
-            return  # no valid key starts with an empty, '.' or '..' segment
+        head = prefix_directory(prefix)
+        if head is None:
+            return
         start = os.path.join(self._root, *head.split("/")) if head else self._root
         if not os.path.isdir(start):
             return
@@ -419,7 +311,7 @@ class LocalStore(Store):
         # before "a0" since '/' < '0'. Sort entries by the key they produce.
         items = []
         for entry in entries:
-            if entry.name.startswith(_TMP_PREFIX):
+            if entry.name.startswith(TMP_PREFIX):
                 continue
             key = rel + entry.name
             try:
@@ -442,9 +334,7 @@ class LocalStore(Store):
                 )
 
     def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
-        self._check_writable(key)
-        with self.open_writer(key) as writer:
-            writer.write(data)
+        self._put_through_writer(key, data)  # the writer checks that the store is writable
 
     def open_writer(self, key: str) -> ObjectWriter:
         self._check_writable(key)
@@ -484,8 +374,8 @@ class LocalStore(Store):
         """
         self._check_writable(prefix)
         validate_prefix(prefix, url=self.url)
-        head = prefix.rpartition("/")[0]
-        if head and any(part in ("", ".", "..") for part in head.split("/")):
+        head = prefix_directory(prefix)
+        if head is None:
             return []  # no key lives there
         directory = os.path.join(self._root, *head.split("/")) if head else self._root
         return remove_stale_temporaries(directory)

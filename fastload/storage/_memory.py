@@ -12,16 +12,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from fastload.errors import InvalidArgumentError, ObjectNotFoundError, ReadOnlyStoreError
-from fastload.storage._base import (
-    ByteRange,
-    ObjectMeta,
-    ObjectWriter,
-    Store,
-    check_range,
-    validate_key,
-    validate_prefix,
-)
+from fastload.errors import InvalidArgumentError, ObjectNotFoundError
+from fastload.storage._base import ObjectWriter, Store
+from fastload.storage._keys import ByteRange, ObjectMeta, check_range, validate_key, validate_prefix
 
 __all__ = ["MemoryStore"]
 
@@ -81,8 +74,8 @@ class MemoryStore(Store):
     shared_across_processes = False
 
     def __init__(self, name: str = "default", *, read_only: bool = False) -> None:
+        super().__init__(read_only=read_only)
         self._name = name
-        self._read_only = read_only
         self._bucket = _bucket(name)
 
     @classmethod
@@ -94,10 +87,6 @@ class MemoryStore(Store):
     @property
     def url(self) -> str:
         return f"memory://{self._name}"
-
-    @property
-    def supports_writes(self) -> bool:  # type: ignore[override]
-        return not self._read_only
 
     def __reduce__(self) -> tuple[Any, ...]:
         with self._bucket.lock:
@@ -111,13 +100,6 @@ class MemoryStore(Store):
         except KeyError:
             where = self.child_url(key)
             raise ObjectNotFoundError(f"no object {where}", url=where) from None
-
-    def _check_writable(self, key: str) -> None:
-        if self._read_only:
-            raise ReadOnlyStoreError(
-                f"store {self.url} was opened read-only; cannot write {key!r}",
-                url=self.child_url(key),
-            )
 
     def get(self, key: str, byte_range: ByteRange | None = None) -> bytes:
         data = self._lookup(key)[0]

@@ -52,14 +52,9 @@ from fastload.errors import (
     StoreError,
     StoreUnavailableError,
 )
-from fastload.storage._base import (
-    DEFAULT_COALESCE_BYTES,
-    DEFAULT_READ_CHUNK,
-    ByteRange,
-    ObjectMeta,
-    ObjectWriter,
-    Store,
-)
+from fastload.storage._base import DEFAULT_COALESCE_BYTES, DEFAULT_READ_CHUNK, ObjectWriter, Store
+from fastload.storage._keys import ByteRange, ObjectMeta
+from fastload.storage._streams import SeekableReader
 from fastload.storage._wrapper import WrapperStore
 
 __all__ = ["RetryConfig", "RetryStore", "is_retryable", "unreachable_reason"]
@@ -189,7 +184,8 @@ class RetryStore(WrapperStore):
       a key arrives.
     * ``open_reader`` streams through the wrapped store's own reader; when the stream breaks
       with a transient error it is reopened at the current offset (retry count and time budget
-      start again with each read call).
+      start again with each read call). Backends' readers do not resume by themselves, so a
+      dropped connection is resumed here, once per break, under this one policy.
     * ``open_writer``: opening the writer is retried; ``write`` and ``commit`` are not, because
       the bytes already streamed cannot be replayed in general. A transient failure while
       writing raises out of the ``with`` block and leaves nothing visible (the writer aborts);
@@ -327,11 +323,7 @@ class RetryStore(WrapperStore):
         return self._call("head", key, lambda: self._store.head(key))
 
     def get_ranges(
-        self,
-        key: str,
-        ranges: Sequence[ByteRange],
-        *,
-        coalesce: int = DEFAULT_COALESCE_BYTES,
+        self, key: str, ranges: Sequence[ByteRange], *, coalesce: int = DEFAULT_COALESCE_BYTES
     ) -> builtins.list[bytes]:
         return self._call(
             "get_ranges", key, lambda: self._store.get_ranges(key, ranges, coalesce=coalesce)
@@ -391,28 +383,51 @@ class RetryStore(WrapperStore):
         return f"RetryStore({self._store!r}, {self._config!r})"
 
 
-class _ResumingReader(io.RawIOBase):
+def _version_of(reader: io.IOBase) -> str | None:
+    """The object version a store's reader reads (:attr:`SeekableReader.version`), if it says."""
+    raw = reader.raw if isinstance(reader, io.BufferedReader) else reader
+    return raw.version if isinstance(raw, SeekableReader) else None
+
+
+class _ResumingReader(SeekableReader):
     """A read-only stream over the wrapped store's reader that survives transient failures.
 
-    Opening, reading and seeking run under :meth:`RetryStore._call`; after a failure the inner
+    Opening and reading run under :meth:`RetryStore._call`'s policy; after a failure the inner
     reader is reopened and positioned at the current offset, so no byte is read twice or lost.
+    This is the one place a broken stream is resumed: backends' readers raise instead.
     """
 
     def __init__(self, retry: RetryStore, key: str, chunk_size: int) -> None:
         super().__init__()
         self._retry, self._key, self._chunk = retry, key, chunk_size
-        self._pos = 0
         self._inner: io.BufferedIOBase | None = None
-        self._open()
+        self._version: str | None = None  # the object version the first open read
+        self._inner = self._open()
+        self._version = _version_of(self._inner)
 
-    def _open(self) -> None:
+    def _open(self) -> io.BufferedIOBase:
         def attempt() -> io.BufferedIOBase:
             reader = self._retry.inner.open_reader(self._key, chunk_size=self._chunk)
+            if self._inner is None and self._version is not None:  # a reopen: same version?
+                now = _version_of(reader)
+                if now != self._version:
+                    reader.close()
+                    url = self._retry.child_url(self._key)
+                    raise StoreError(
+                        f"{url} changed while it was being read (version {self._version!r} when "
+                        f"the read began, {now!r} when it resumed at byte {self._pos}); read it "
+                        "again",
+                        url=url,
+                    )
             if self._pos:
                 reader.seek(self._pos)
             return reader
 
-        self._inner = self._retry._call("open_reader", self._key, attempt)
+        return self._retry._call("open_reader", self._key, attempt)
+
+    @property
+    def version(self) -> str | None:
+        return self._version
 
     def _drop(self) -> None:
         if self._inner is not None:
@@ -422,43 +437,20 @@ class _ResumingReader(io.RawIOBase):
                 pass
             self._inner = None
 
-    def readable(self) -> bool:
-        return True
+    def _size(self) -> int:
+        return self._retry.head(self._key).size
 
-    def seekable(self) -> bool:
-        return True
+    def _moved(self) -> None:
+        self._drop()
 
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence == io.SEEK_SET:
-            target = offset
-        elif whence == io.SEEK_CUR:
-            target = self._pos + offset
-        elif whence == io.SEEK_END:
-            target = self._retry.head(self._key).size + offset
-        else:
-            raise ValueError(f"invalid whence {whence!r}; use io.SEEK_SET, SEEK_CUR or SEEK_END")
-        if target < 0:
-            raise ValueError(f"negative seek position {target}")
-        if target != self._pos:
-            self._pos = target
-            self._drop()
-        return self._pos
-
-    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
-        out = memoryview(buffer).cast("B")
+    def _read_into(self, out: memoryview) -> int:
         began = self._retry._clock()
         retry = 0
         while True:
             try:
                 if self._inner is None:
-                    self._open()
-                assert self._inner is not None
-                n = self._inner.readinto(out)
-                self._pos += n or 0
-                return n or 0
+                    self._inner = self._open()
+                return self._inner.readinto(out)
             except Exception as exc:
                 if not is_retryable(exc, builtin_errors=self._retry.config.retry_builtin_errors):
                     self._retry._note(exc)

@@ -13,14 +13,8 @@ import io
 from collections.abc import Iterable, Iterator, Sequence
 
 from fastload.errors import InvalidArgumentError
-from fastload.storage._base import (
-    DEFAULT_COALESCE_BYTES,
-    DEFAULT_READ_CHUNK,
-    ByteRange,
-    ObjectMeta,
-    ObjectWriter,
-    Store,
-)
+from fastload.storage._base import DEFAULT_COALESCE_BYTES, DEFAULT_READ_CHUNK, ObjectWriter, Store
+from fastload.storage._keys import ByteRange, ObjectMeta
 
 __all__ = ["WrapperStore"]
 
@@ -60,23 +54,27 @@ class WrapperStore(Store):
         return self._store.url
 
     @property
-    def supports_writes(self) -> bool:  # type: ignore[override]
+    def read_only(self) -> bool:
+        return self._store.read_only
+
+    @property
+    def supports_writes(self) -> bool:
         return self._store.supports_writes
 
     @property
-    def supports_range_reads(self) -> bool:  # type: ignore[override]
+    def supports_range_reads(self) -> bool:
         return self._store.supports_range_reads
 
     @property
-    def supports_listing(self) -> bool:  # type: ignore[override]
+    def supports_listing(self) -> bool:
         return self._store.supports_listing
 
     @property
-    def has_local_paths(self) -> bool:  # type: ignore[override]
+    def has_local_paths(self) -> bool:
         return self._store.has_local_paths
 
     @property
-    def shared_across_processes(self) -> bool:  # type: ignore[override]
+    def shared_across_processes(self) -> bool:
         return self._store.shared_across_processes
 
     @property
@@ -109,11 +107,7 @@ class WrapperStore(Store):
     # ---- conveniences the wrapped store may have optimised: forwarded ---------------------------
 
     def get_ranges(
-        self,
-        key: str,
-        ranges: Sequence[ByteRange],
-        *,
-        coalesce: int = DEFAULT_COALESCE_BYTES,
+        self, key: str, ranges: Sequence[ByteRange], *, coalesce: int = DEFAULT_COALESCE_BYTES
     ) -> builtins.list[bytes]:
         return self._store.get_ranges(key, ranges, coalesce=coalesce)
 

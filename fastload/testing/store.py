@@ -32,16 +32,10 @@ DataLoader workers are.
 
 from __future__ import annotations
 
-import hashlib
-import io
-import multiprocessing
-import pickle
 import random
 import threading
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from multiprocessing.pool import Pool
 
 import pytest
 from hypothesis import given, settings
@@ -54,11 +48,12 @@ from fastload.errors import (
     ReadOnlyStoreError,
     StoreError,
 )
-from fastload.storage import ByteRange, MemoryStore, ObjectMeta, ObjectWriter, Store
+from fastload.storage import ByteRange, ObjectMeta, Store
+from fastload.testing._store_common import MiB, need_listing, payload
+from fastload.testing._store_processes import ProcessTests
+from fastload.testing._store_streams import StreamTests
 
 __all__ = ["INVALID_KEYS", "StoreTests"]
-
-MiB = 1024 * 1024
 
 #: Keys every store must reject with :class:`~fastload.errors.InvalidKeyError`.
 INVALID_KEYS: tuple[str, ...] = (
@@ -76,54 +71,13 @@ INVALID_KEYS: tuple[str, ...] = (
 )
 
 
-def _payload(size: int, seed: int = 0) -> bytes:
-    """Deterministic, non-repeating-looking bytes (so a shifted range cannot match by luck)."""
-    return random.Random(seed).randbytes(size)
-
-
-def _digest(parts: list[bytes]) -> str:
-    h = hashlib.sha256()
-    for part in parts:
-        h.update(len(part).to_bytes(8, "little"))
-        h.update(part)
-    return h.hexdigest()
-
-
-# ---- functions run in spawned processes (module level, so they pickle by reference) -----------
-
-
-def _child_read_ranges(store: Store, jobs: list[tuple[str, int, int]], rounds: int) -> str:
-    parts: list[bytes] = []
-    for _ in range(rounds):
-        for key, start, end in jobs:
-            parts.append(store.get(key, ByteRange(start, end)))
-    return _digest(parts)
-
-
-def _child_read_whole(store: Store, keys: list[str]) -> dict[str, str]:
-    return {key: hashlib.sha256(store.get(key)).hexdigest() for key in keys}
-
-
-def _write_then_fail(writer: ObjectWriter, data: bytes) -> None:
-    with writer:
-        writer.write(data)
-        raise RuntimeError("boom")
-
-
-def _child_put(store: Store, key: str, data: bytes) -> int:
-    store.put(key, data)
-    return len(data)
-
-
-class StoreTests:
+class StoreTests(StreamTests, ProcessTests):
     """Conformance tests for one store implementation; subclass and provide ``store``."""
 
     #: Size of the "large" object of the round-trip tests; backends with slow writes may lower it.
     large_size: int = 3 * MiB + 7
     #: Number of keys of the listing test.
     many_keys: int = 300
-    #: Processes of the concurrent multi-process read test.
-    reader_processes: int = 3
 
     # ---- what a subclass provides -----------------------------------------------------------
 
@@ -135,25 +89,6 @@ class StoreTests:
     def read_only_view(self, store: Store) -> Store | None:
         """A read-only store over the same objects as ``store``, or None if there is no such mode."""
         return None
-
-    # ---- helpers ----------------------------------------------------------------------------
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def process_pool(cls) -> Iterator[Pool]:
-        """``reader_processes`` spawned processes, shared by the tests of one subclass."""
-        ctx = multiprocessing.get_context("spawn")
-        pool = ctx.Pool(cls.reader_processes)
-        try:
-            yield pool
-        finally:
-            pool.terminate()
-            pool.join()
-
-    @staticmethod
-    def _need_listing(store: Store) -> None:
-        if not store.supports_listing:
-            pytest.skip(f"{type(store).__name__} does not support listing (supports_listing)")
 
     # ---- basics -----------------------------------------------------------------------------
 
@@ -172,12 +107,12 @@ class StoreTests:
         assert store.child_url("a/b").endswith("/a/b")
 
     def test_new_store_is_empty(self, store: Store) -> None:
-        self._need_listing(store)
+        need_listing(store)
         assert store.list_keys() == []
 
     @pytest.mark.parametrize("size", [0, 1, 4097])
     def test_put_get_roundtrip(self, store: Store, size: int) -> None:
-        data = _payload(size, seed=size)
+        data = payload(size, seed=size)
         store.put("obj", data)
         got = store.get("obj")
         assert type(got) is bytes
@@ -185,7 +120,7 @@ class StoreTests:
         assert store.head("obj").size == size
 
     def test_put_get_large(self, store: Store) -> None:
-        data = _payload(self.large_size, seed=1)
+        data = payload(self.large_size, seed=1)
         store.put("dir/large.bin", data)
         assert store.get("dir/large.bin") == data
         assert store.size("dir/large.bin") == self.large_size
@@ -248,7 +183,7 @@ class StoreTests:
 
     def test_get_range_matches_slicing(self, store: Store) -> None:
         size = 10_000
-        data = _payload(size, seed=2)
+        data = payload(size, seed=2)
         store.put("ranged", data)
 
         @settings(max_examples=60, deadline=None)
@@ -274,14 +209,14 @@ class StoreTests:
 
     @pytest.mark.parametrize(("start", "end"), [(0, 101), (100, 101), (99, 200), (150, 160)])
     def test_range_past_end_names_size(self, store: Store, start: int, end: int) -> None:
-        store.put("hundred", _payload(100))
+        store.put("hundred", payload(100))
         with pytest.raises(InvalidRangeError, match=r"\b100 bytes") as info:
             store.get("hundred", ByteRange(start, end))
         assert isinstance(info.value, ValueError)
         assert "hundred" in str(info.value)
 
     def test_empty_range_past_end_is_an_error(self, store: Store) -> None:
-        store.put("hundred", _payload(100))
+        store.put("hundred", payload(100))
         with pytest.raises(InvalidRangeError, match=r"\b100 bytes"):
             store.get("hundred", ByteRange(150, 150))
 
@@ -295,7 +230,7 @@ class StoreTests:
 
     def test_get_ranges(self, store: Store) -> None:
         size = 3000
-        data = _payload(size, seed=3)
+        data = payload(size, seed=3)
         store.put("multi", data)
         ranges = [
             ByteRange(2000, 2100),  # unsorted
@@ -318,7 +253,7 @@ class StoreTests:
 
     def test_get_ranges_property(self, store: Store) -> None:
         size = 2300
-        data = _payload(size, seed=4)
+        data = payload(size, seed=4)
         store.put("o", data)
 
         @settings(max_examples=30, deadline=None)
@@ -354,7 +289,7 @@ class StoreTests:
     LIST_KEYS = ("a/b/c", "a/b/d/e", "a/bc", "a/b-1", "a-b", "a0", "ab", "b")
 
     def test_list_prefix_semantics(self, store: Store) -> None:
-        self._need_listing(store)
+        need_listing(store)
         for i, key in enumerate(self.LIST_KEYS):
             store.put(key, b"x" * i)
         expected = sorted(self.LIST_KEYS)
@@ -371,7 +306,7 @@ class StoreTests:
         assert store.list_keys("../") == []  # must not escape the namespace
 
     def test_list_many_keys(self, store: Store) -> None:
-        self._need_listing(store)
+        need_listing(store)
         keys = [f"many/{i % 7}/item-{i:04d}" for i in range(self.many_keys)]
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda k: store.put(k, k.encode()), keys))
@@ -463,93 +398,10 @@ class StoreTests:
         assert seen
         assert store.get("atomic") == versions[-1]
 
-    # ---- streamed writes ----------------------------------------------------------------------
-
-    def test_open_writer_commits_on_success(self, store: Store) -> None:
-        parts = [_payload(1000, seed=i) for i in range(5)]
-        with store.open_writer("stream/obj") as writer:
-            for part in parts:
-                assert writer.write(part) == len(part)
-                assert not store.exists("stream/obj"), "visible before commit"
-            writer.write(b"")
-            assert writer.tell() == 5000
-            if store.supports_listing:
-                assert store.list_keys() == []
-        assert writer.closed
-        assert store.get("stream/obj") == b"".join(parts)
-
-    def test_open_writer_accepts_memoryview(self, store: Store) -> None:
-        with store.open_writer("mv") as writer:
-            writer.write(memoryview(b"abcdef")[1:4])
-            writer.write(bytearray(b"xyz"))
-        assert store.get("mv") == b"bcdxyz"
-
-    def test_open_writer_exception_leaves_nothing(self, store: Store) -> None:
-        writer = store.open_writer("fail/new")
-        with pytest.raises(RuntimeError, match="boom"):
-            _write_then_fail(writer, b"partial data")
-        assert writer.closed
-        assert not store.exists("fail/new")
-        # Over an existing object, the old object stays whole.
-        store.put("fail/old", b"old content")
-        with pytest.raises(RuntimeError, match="boom"):
-            _write_then_fail(store.open_writer("fail/old"), b"new")
-        assert store.get("fail/old") == b"old content"
-        if store.supports_listing:
-            assert store.list_keys() == ["fail/old"]
-
-    def test_open_writer_abort(self, store: Store) -> None:
-        writer = store.open_writer("aborted")
-        writer.write(b"data")
-        writer.abort()
-        writer.abort()  # idempotent
-        assert writer.closed
-        assert not store.exists("aborted")
-        with pytest.raises(ValueError, match="committed or aborted"):
-            writer.write(b"more")
-        writer.commit()  # a no-op once closed
-        assert not store.exists("aborted")
-        if store.supports_listing:
-            assert store.list_keys() == []
-
-    def test_open_writer_empty_object(self, store: Store) -> None:
-        writer = store.open_writer("empty")
-        writer.commit()
-        assert store.get("empty") == b""
-
-    # ---- streamed reads -----------------------------------------------------------------------
-
-    def test_open_reader_streams_and_seeks(self, store: Store) -> None:
-        data = _payload(300_000, seed=5)
-        store.put("reader", data)
-        with store.open_reader("reader", chunk_size=4096) as reader:
-            assert reader.readable()
-            assert reader.read(10) == data[:10]
-            chunks = [reader.read(50_000)]
-            assert reader.tell() == 50_010
-            chunks.append(reader.read())
-            assert data[10:] == b"".join(chunks)
-            assert reader.read(5) == b""
-            assert reader.seekable()
-            assert reader.seek(1234) == 1234
-            assert reader.read(100) == data[1234:1334]
-            assert reader.seek(-100, io.SEEK_END) == len(data) - 100
-            assert reader.read() == data[-100:]
-            reader.seek(10)
-            assert reader.seek(5, io.SEEK_CUR) == 15
-            buf = bytearray(20)
-            assert reader.readinto(buf) == 20
-            assert bytes(buf) == data[15:35]
-
-    def test_open_reader_empty_object(self, store: Store) -> None:
-        store.put("empty", b"")
-        with store.open_reader("empty") as reader:
-            assert reader.read() == b""
-
     # ---- threads ------------------------------------------------------------------------------
 
     def test_concurrent_readers_in_threads(self, store: Store) -> None:
-        data = _payload(100_000, seed=9)
+        data = payload(100_000, seed=9)
         store.put("threads/obj", data)
         rng = random.Random(9)
         jobs = []
@@ -570,43 +422,6 @@ class StoreTests:
         with store as same:
             assert same is store
         assert store.get("c") == b"1"
-
-    # ---- conveniences -------------------------------------------------------------------------
-
-    def test_conveniences(self, store: Store) -> None:
-        store.put_text("t/text", "grüße ✓")
-        assert store.get("t/text") == "grüße ✓".encode()
-        assert store.get_text("t/text") == "grüße ✓"
-        store.put_text("t/latin", "é", encoding="latin-1")
-        assert store.get("t/latin") == b"\xe9"
-        assert store.get_text("t/latin", encoding="latin-1") == "é"
-        assert store.exists("t/text")
-        assert not store.exists("t/none")
-        assert store.size("t/text") == len("grüße ✓".encode())
-        if store.supports_listing:
-            assert store.list_keys("t/") == ["t/latin", "t/text"]
-        path = store.local_path("t/text")
-        if store.has_local_paths:
-            assert path is not None
-            with open(path, "rb") as f:
-                assert f.read() == "grüße ✓".encode()
-        else:
-            assert path is None
-
-    def test_copy_to_between_stores(self, store: Store) -> None:
-        data = _payload(100_000, seed=6)
-        other = MemoryStore(f"copy-{uuid.uuid4().hex}")
-        try:
-            store.put("src/obj", data)
-            assert store.copy_to("src/obj", other, chunk_size=7000) == len(data)
-            assert other.get("src/obj") == data
-            other.put("incoming", data[::-1])
-            assert other.copy_to("incoming", store, "dst/in", chunk_size=6000) == len(data)
-            assert store.get("dst/in") == data[::-1]
-            assert store.copy_to("src/obj", store, "same/copy") == len(data)
-            assert store.get("same/copy") == data
-        finally:
-            other.delete_many(other.list_keys())
 
     # ---- read-only mode -----------------------------------------------------------------------
 
@@ -631,57 +446,3 @@ class StoreTests:
             assert isinstance(info.value, PermissionError), name
         assert store.get("ro/obj") == b"content"
         assert not store.exists("ro/new")
-
-    # ---- pickling and processes ---------------------------------------------------------------
-
-    def test_pickle_roundtrip(self, store: Store) -> None:
-        store.put("p/obj", b"pickled")
-        blob = pickle.dumps(store)
-        copy = pickle.loads(blob)
-        assert type(copy) is type(store)
-        assert copy.url == store.url
-        assert copy.get("p/obj") == b"pickled"
-        # In the same process, the copy and the original are the same namespace.
-        copy.put("p/from-copy", b"1")
-        assert store.get("p/from-copy") == b"1"
-        if store.shared_across_processes:
-            # Pickles by configuration, not by content: cheap to send to every worker.
-            store.put("p/big", bytes(1 << 20))
-            assert len(pickle.dumps(store)) < 64 * 1024
-
-    def test_spawned_processes_read_concurrently(self, store: Store, process_pool: Pool) -> None:
-        rng = random.Random(7)
-        objects = {f"mp/{i}": _payload(200_000 + i, seed=10 + i) for i in range(3)}
-        for key, data in objects.items():
-            store.put(key, data)
-        keys = sorted(objects)
-        whole = process_pool.apply_async(_child_read_whole, (store, keys)).get(120)
-        assert whole == {k: hashlib.sha256(objects[k]).hexdigest() for k in keys}
-        jobs_per_proc: list[list[tuple[str, int, int]]] = []
-        for _ in range(self.reader_processes):
-            jobs = []
-            for _ in range(50):
-                key = rng.choice(keys)
-                start = rng.randrange(len(objects[key]))
-                jobs.append((key, start, min(len(objects[key]), start + rng.randrange(1, 20_000))))
-            jobs_per_proc.append(jobs)
-        rounds = 4
-        results = [
-            process_pool.apply_async(_child_read_ranges, (store, jobs, rounds))
-            for jobs in jobs_per_proc
-        ]
-        for jobs, result in zip(jobs_per_proc, results):
-            expected = _digest([objects[k][s:e] for _ in range(rounds) for k, s, e in jobs])
-            assert result.get(120) == expected
-
-    def test_spawned_process_writes_are_visible(self, store: Store, process_pool: Pool) -> None:
-        if not store.shared_across_processes:
-            pytest.skip(
-                f"{type(store).__name__} copies in other processes are snapshots "
-                "(shared_across_processes is False)"
-            )
-        data = _payload(50_000, seed=8)
-        assert process_pool.apply_async(_child_put, (store, "mp/written", data)).get(120) == len(
-            data
-        )
-        assert store.get("mp/written") == data

@@ -1,9 +1,11 @@
 """HDFS backend.
 
 No HDFS cluster can run on the CI machines (no Hadoop distribution in Debian, no JVM-free NameNode),
-so CI tests what can be tested without one: URL parsing, configuration, pickling, and the errors
-users get when the client library or the cluster is missing. The full conformance suite runs
-against a real cluster when ``FASTLOAD_TEST_HDFS_URL`` names a writable scratch directory, e.g.
+so CI tests what can be tested without one: URL parsing, configuration, pickling, the errors users
+get when the client library or the cluster is missing, and the whole conformance suite against the
+adapter talking to a stand-in client (:mod:`fastload.testing._store_hdfs`, files in a local
+directory; it checks the adapter's logic, not the HDFS protocol). The conformance suite runs
+against a real cluster too when ``FASTLOAD_TEST_HDFS_URL`` names a writable scratch directory, e.g.
 ``FASTLOAD_TEST_HDFS_URL=hdfs://namenode:8020/tmp/fastload-tests make test``.
 """
 
@@ -15,6 +17,7 @@ import socket
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +30,7 @@ from fastload.errors import (
 )
 from fastload.storage import Store
 from fastload.storage._hdfs import HDFSStore
+from fastload.testing._store_hdfs import StandInHDFSStore
 from fastload.testing.store import StoreTests
 
 HDFS_URL = os.environ.get("FASTLOAD_TEST_HDFS_URL", "")
@@ -69,7 +73,7 @@ def test_pickles_without_a_client() -> None:
     clone = pickle.loads(pickle.dumps(store))
     assert clone.url == store.url
     assert clone.supports_writes is False
-    assert getattr(clone._local, "client", None) is None
+    assert clone._clients.peek() is None
 
 
 def test_unreachable_cluster_fails_fast_and_names_the_url() -> None:
@@ -103,14 +107,26 @@ def test_missing_client_library_names_the_extra(monkeypatch: pytest.MonkeyPatch)
         HDFSStore("hdfs://nn:8020/x").get("k")
 
 
-def test_conformance_suite_needs_a_real_cluster() -> None:
-    if not HDFS_URL:
-        pytest.skip("no HDFS cluster: set FASTLOAD_TEST_HDFS_URL=hdfs://namenode:port/scratch/dir")
+class TestHDFSStandInConformance(StoreTests):
+    """The HDFS adapter over the stand-in client (a stand-in, not a cluster: see the module
+    docstring of :mod:`fastload.testing._store_hdfs` for what it does and does not check)."""
+
+    large_size = 1024 * 1024 + 7
+
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> Store:
+        return StandInHDFSStore("hdfs://stand-in:8020/data/sets", tmp_path / "cluster")
+
+    def read_only_view(self, store: Store) -> Store:
+        assert isinstance(store, StandInHDFSStore)
+        return StandInHDFSStore(store.url, store._disk_root, read_only=True)
 
 
-if HDFS_URL:
+if HDFS_URL:  # a real cluster: the same suite, against the real client
 
     class TestHDFSConformance(StoreTests):
+        """The real cluster named by ``FASTLOAD_TEST_HDFS_URL``."""
+
         large_size = 1024 * 1024 + 7
         many_keys = 60
 

@@ -5,11 +5,15 @@ from __future__ import annotations
 import errno
 import os
 import pickle
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -268,14 +272,50 @@ def test_short_reads_are_completed(store: LocalStore, monkeypatch: pytest.Monkey
     assert store.get("k", ByteRange(100, 5000)) == data[100:5000]
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores permission bits (tests run as root)")
-def test_permission_error_mapping_real(store: LocalStore, root: Path) -> None:
-    store.put("locked/k", b"v")
-    os.chmod(root / "locked", 0)
+#: The user a root test process drops to, so that permission bits apply (root ignores them).
+NOBODY = 65534
+
+
+def _in_unprivileged_child(check: Callable[[], None]) -> None:
+    """Run ``check`` in a forked child that, when the tests run as root (as in CI), first becomes
+    user and group ``nobody``; fail if it raises."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            if os.geteuid() == 0:
+                os.setgroups([])
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+            check()
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the check failed in the child (see stderr)"
+
+
+def test_permission_error_mapping_real() -> None:
+    # Not tmp_path: pytest's directories are private to root, and the child may be nobody.
+    shared = Path(tempfile.mkdtemp(prefix="fastload-permissions-", dir="/tmp"))
+    os.chmod(shared, 0o777)
+
+    def check() -> None:
+        root = shared / "root"
+        store = LocalStore(root)
+        store.put("locked/k", b"v")
+        os.chmod(root / "locked", 0)
+        try:
+            with pytest.raises(StorePermissionError):
+                store.get("locked/k")
+            with pytest.raises(StorePermissionError):
+                store.put("locked/k2", b"x")
+        finally:
+            os.chmod(root / "locked", 0o755)
+
     try:
-        with pytest.raises(StorePermissionError):
-            store.get("locked/k")
-        with pytest.raises(StorePermissionError):
-            store.put("locked/k2", b"x")
+        _in_unprivileged_child(check)
     finally:
-        os.chmod(root / "locked", 0o755)
+        shutil.rmtree(shared)

@@ -10,7 +10,7 @@ import uuid
 from fastload.storage import MemoryStore
 
 # Functions run in spawned processes must be importable there: use the suite's helpers.
-from fastload.testing.store import _child_put, _child_read_whole
+from fastload.testing._store_processes import _child_put, _child_read_whole
 
 
 def test_same_name_shares_objects() -> None:

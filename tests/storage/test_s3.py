@@ -168,7 +168,7 @@ def test_endpoint_from_the_environment_as_boto3_reads_it(
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", specific)  # the S3-specific one wins
     assert f"connection refused by {specific};" in refused_by()
     assert f"connection refused by {explicit};" in refused_by(endpoint_url=explicit)
-    assert S3Store("bkt")._make_client().meta.config.s3["addressing_style"] == "path"
+    assert S3Store("bkt")._client().meta.config.s3["addressing_style"] == "path"
 
 
 def test_without_any_endpoint_messages_say_aws(no_endpoint_env: None) -> None:
@@ -448,21 +448,17 @@ def test_wrong_credentials_fail_at_once(ceph_s3: CephS3, s3_bucket: str) -> None
             assert isinstance(info.value, PermissionError)
 
 
-@pytest.mark.ceph
-def test_streaming_reader_resumes_after_broken_stream(ceph_s3: CephS3, s3_bucket: str) -> None:
-    store = _store(ceph_s3, s3_bucket)
-    data = _blob(3 * 1024 * 1024 + 17, seed=5)
-    store.put("stream", data)
-    reader = store.open_reader("stream", chunk_size=64 * 1024)
-    raw: Any = reader.raw  # type: ignore[attr-defined]
-    opened = []
-    original_open = raw._open_at
+def _breaking_bodies(store: S3Store, every: int) -> list[str]:
+    """Make every GET body of ``store``'s client break after ``every`` bytes (as a dropped
+    connection does); return the list the Range header of each GET is appended to."""
+    client = store._client()
+    original = client.get_object
+    ranges: list[str] = []
 
-    def open_at(pos: int) -> None:
-        opened.append(pos)
-        original_open(pos)
-        body = raw._body
-        budget = [700_000]  # each stream breaks after this many bytes
+    def get_object(**kwargs: Any) -> Any:
+        ranges.append(kwargs.get("Range", "bytes=0-"))
+        resp = original(**kwargs)
+        body, budget = resp["Body"], [every]
 
         class Breaking:
             def read(self, n: int) -> bytes:
@@ -475,24 +471,56 @@ def test_streaming_reader_resumes_after_broken_stream(ceph_s3: CephS3, s3_bucket
             def close(self) -> None:
                 body.close()
 
-        raw._body = Breaking()
+        resp["Body"] = Breaking()
+        return resp
 
-    raw._open_at = open_at
-    raw._close_body()
-    raw._body = None  # reopen through the breaking wrapper
+    client.get_object = get_object
+    return ranges
+
+
+@pytest.mark.ceph
+def test_bare_streaming_reader_does_not_resume_by_itself(ceph_s3: CephS3, s3_bucket: str) -> None:
+    store = _store(ceph_s3, s3_bucket)
+    data = _blob(3 * 1024 * 1024 + 17, seed=5)
+    store.put("stream", data)
+    ranges = _breaking_bodies(store, 700_000)
+    with (
+        store.open_reader("stream", chunk_size=64 * 1024) as reader,
+        pytest.raises(TransientStoreError, match="stream"),
+    ):
+        reader.read()
+    assert ranges == ["bytes=0-"]  # one GET: resuming is RetryStore's job, not the backend's
+
+
+@pytest.mark.ceph
+def test_streaming_reader_resumes_after_broken_stream(ceph_s3: CephS3, s3_bucket: str) -> None:
+    """What open_store gives: RetryStore resumes each break once, where it broke."""
+    bare = _store(ceph_s3, s3_bucket)
+    data = _blob(3 * 1024 * 1024 + 17, seed=5)
+    bare.put("stream", data)
+    sleeps: list[float] = []
+    store = RetryStore(bare, sleep=sleeps.append)
+    ranges = _breaking_bodies(bare, 700_000)
+    reader = store.open_reader("stream", chunk_size=64 * 1024)
     got = reader.read()
     assert got == data
-    assert len(opened) >= 4
-    assert opened == sorted(opened)
-    assert opened[0] == 0
+    breaks = len(data) // 700_000
+    assert len(sleeps) == breaks  # each break retried once, by the one retry layer
+    # Each resumed stream starts where reading had got to: later than the one before, and
+    # within one stream's worth of it (bytes buffered by the broken reader are read again).
+    starts = [int(r.removeprefix("bytes=").partition("-")[0]) for r in ranges]
+    resumed = [s for s in starts if s]
+    assert len(resumed) == breaks
+    for before, after in zip([0, *resumed], resumed):
+        assert before < after <= before + 700_000
     reader.seek(1000)
     assert reader.read(10) == data[1000:1010]
     reader.close()
 
 
 @pytest.mark.ceph
-def test_streaming_reader_gives_up_and_detects_replacement(ceph_s3: CephS3, s3_bucket: str) -> None:
-    store = _store(ceph_s3, s3_bucket, stream_resume_attempts=1)
+def test_streaming_reader_detects_replacement(ceph_s3: CephS3, s3_bucket: str) -> None:
+    store = _store(ceph_s3, s3_bucket)
     data = _blob(2 * 1024 * 1024)
     store.put("obj", data)
     with store.open_reader("obj") as reader:
@@ -501,6 +529,29 @@ def test_streaming_reader_gives_up_and_detects_replacement(ceph_s3: CephS3, s3_b
         reader.seek(1_500_000)  # forces a new request, pinned to the old ETag
         with pytest.raises(StoreError, match="changed while"):
             reader.read(10)
+
+
+@pytest.mark.ceph
+def test_resumed_stream_detects_replacement_between_break_and_resume(
+    ceph_s3: CephS3, s3_bucket: str
+) -> None:
+    """RetryStore reopens a broken stream: an object replaced meanwhile raises, never mixes."""
+    bare = _store(ceph_s3, s3_bucket)
+    data = _blob(2 * 1024 * 1024, seed=7)
+    bare.put("swapped", data)
+    replacement = _blob(2 * 1024 * 1024, seed=8)  # same size: only the version tells them apart
+    store = RetryStore(bare, sleep=lambda _s: bare.put("swapped", replacement))
+    _breaking_bodies(bare, 700_000)
+    with store.open_reader("swapped", chunk_size=64 * 1024) as reader:
+        assert reader.read(1000) == data[:1000]
+        with pytest.raises(StoreError, match="changed while it was being read") as info:
+            reader.read()
+    assert not isinstance(info.value, TransientStoreError)  # not retried into the new version
+
+
+def test_stream_resume_attempts_is_deprecated() -> None:
+    with pytest.warns(DeprecationWarning, match="RetryStore"):
+        S3Config(stream_resume_attempts=3)
 
 
 @pytest.mark.ceph
@@ -570,10 +621,13 @@ def test_stream_resumes_after_radosgw_restart(ceph_s3: CephS3, s3_client: Any) -
     # ~25 s (for the dead gateway's watch to time out), so this bucket stays, emptied.
     bucket = f"fl-restart-{os.getpid()}"
     s3_client.create_bucket(Bucket=bucket)
-    store = _store(ceph_s3, bucket, stream_resume_attempts=10)
+    store = _store(ceph_s3, bucket)
     data = _blob(48 * 1024 * 1024, seed=13)
     store.put("restart", data)
-    with store.open_reader("restart", chunk_size=64 * 1024) as reader:
+    # The reader resumes under RetryStore, as open_store would wrap it; the head below asks the
+    # bare store, which answers at once.
+    resuming = RetryStore(store, RetryConfig(initial_backoff=0.2, max_backoff=2.0))
+    with resuming.open_reader("restart", chunk_size=64 * 1024) as reader:
         head = reader.read(1024 * 1024)
         stop_rgw(ceph_s3)  # SIGKILL mid-stream; the socket may still hold some buffered bytes
         try:
