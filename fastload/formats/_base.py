@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypedDict, get_args
 
 from fastload._plugins import PluginRegistry
 from fastload.errors import CorruptDataError, FormatError, InvalidArgumentError, MissingIndexError
@@ -37,6 +37,7 @@ __all__ = [
     "ErrorPolicy",
     "Format",
     "OnError",
+    "ReaderOptions",
     "ShardInfo",
     "ShardReader",
     "ShardWriter",
@@ -52,7 +53,7 @@ OnError = Literal["raise", "skip", "warn"]
 DAMAGED_SHARD_REMEDY = (
     "; restore the shard from its source, or re-create the dataset with `fastload convert`"
 )
-_ON_ERROR = ("raise", "skip", "warn")
+_ON_ERROR: tuple[str, ...] = get_args(OnError)
 
 
 class ErrorPolicy:
@@ -150,6 +151,17 @@ class ShardWriter(ABC):
     def abort(self) -> None:
         """Discard the shard; nothing becomes visible. Safe to call more than once."""
 
+    def _shard_info(self, *, num_bytes: int, sha256: str, index_key: str | None) -> ShardInfo:
+        """The :class:`ShardInfo` of the committed shard, with the samples and fields counted."""
+        return ShardInfo(
+            key=self.key,
+            num_samples=self.num_samples,
+            num_bytes=num_bytes,
+            sha256=sha256,
+            index_key=index_key,
+            fields=dict(self.fields),
+        )
+
     def _count_fields(self, sample: Mapping[str, Any]) -> None:
         self.num_samples += 1
         for name in sample:
@@ -169,6 +181,19 @@ class ShardWriter(ABC):
             self.close()
         else:
             self.abort()
+
+
+class ReaderOptions(TypedDict, total=False):
+    """The options every :class:`ShardReader` takes, by keyword (see its Args).
+
+    A format's reader adds its own options and passes these on as ``**options``, so that the
+    common ones are declared and checked in one place.
+    """
+
+    on_error: OnError
+    index_key: str | None
+    num_samples: int | None
+    num_bytes: int | None
 
 
 class ShardReader(ABC):
@@ -238,6 +263,21 @@ class ShardReader(ABC):
                 "`fastload verify`)",
                 url=index_url,
             )
+
+    def index_damaged(self, exc: CorruptDataError, headers: str) -> None:
+        """Decide what a damaged index (``exc``, from parsing it or :meth:`check_index_count`)
+        costs: under ``raise`` it is raised; under ``skip`` and ``warn`` a warning says that the
+        shard's own ``headers`` ("record headers") are read instead, and the caller rebuilds the
+        index from them (the shard itself may well be intact)."""
+        if self.policy.on_error == "raise":
+            raise exc
+        log.warning(
+            "%s; reading the %s of %s instead (rebuild the index with `fastload index` to avoid "
+            "this)",
+            exc,
+            headers,
+            self.url,
+        )
 
     def missing_sample(self, i: int, found: int) -> CorruptDataError | None:
         """The error for position ``i`` past the ``found`` samples of the shard, when the manifest
@@ -311,6 +351,12 @@ class Format:
         build_index: ``(store, key) -> bytes | None``: the index bytes for an existing shard (as
             DALI's own tools would write them), or ``None`` if the format has no index file.
         detect: ``(head_bytes) -> bool``: whether a shard's first bytes look like this format.
+        source_extensions: The file name suffixes, without the leading dot and lower-case, that
+            mark a file as a shard of this format when it is read (``convert``'s source
+            detection): ``extension`` and the other names the format's files go by, with their
+            whole-file compression suffixes (``"tgz"``, ``"tar.gz"``, ``"tfrecords"``). A
+            suffix of several parts (``"tar.gz"``) matches the last parts of a name. Empty means
+            ``(extension,)``.
     """
 
     name: str
@@ -319,6 +365,11 @@ class Format:
     reader: type[ShardReader]
     build_index: Any = None
     detect: Any = None
+    source_extensions: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.source_extensions:
+            object.__setattr__(self, "source_extensions", (self.extension,))
 
 
 FORMATS = PluginRegistry(

@@ -25,7 +25,8 @@ class ShardOutput:
 
     Bytes passed to :meth:`write` are copied into a chunk buffer; a full chunk is hashed and
     written to ``out``. Values of at least ``chunk_size`` bytes are hashed and written as they are,
-    without a copy. End with :meth:`finish` (then commit ``out``) or :meth:`abort`.
+    without a copy. End with :meth:`commit` or :meth:`discard` (or, to handle ``out`` yourself,
+    :meth:`finish` or :meth:`abort`).
 
     Not thread-safe: one thread at a time, like the writers that use it.
 
@@ -97,3 +98,23 @@ class ShardOutput:
     def abort(self) -> None:
         """Drop what is buffered; later writes fail. Does not abort ``out``. Safe to repeat."""
         self._buf, self._pos, self._limit = bytearray(), 0, 0
+
+    def commit(self) -> str:
+        """:meth:`finish`, then commit ``out`` (the shard becomes visible); return the hex SHA-256.
+
+        Raises:
+            BaseException: Whatever finishing or committing raised, after :meth:`discard`:
+                nothing becomes visible.
+        """
+        try:
+            digest = self.finish()
+            self.out.commit()
+        except BaseException:
+            self.discard()
+            raise
+        return digest
+
+    def discard(self) -> None:
+        """:meth:`abort`, and abort ``out``: nothing becomes visible. Safe to repeat."""
+        self.abort()
+        self.out.abort()

@@ -7,8 +7,9 @@ Subclass :class:`ShardFormatTests` and set :attr:`~ShardFormatTests.format_name`
 
 The suite checks the contract in :mod:`fastload.formats._base`: lossless round trips of the sample
 model (hypothesis-generated keys and fields), deterministic bytes, truthful :class:`ShardInfo`,
-nothing visible before ``close`` or after ``abort``, random access equal to streaming, indexes equal
-to what ``build_index`` derives from the shard, and format detection.
+nothing visible before ``close`` or after ``abort``, the reader options every format takes, random
+access equal to streaming, indexes equal to what ``build_index`` derives from the shard, and format
+detection.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fastload.errors import InvalidArgumentError
 from fastload.formats import Format, ShardReader, get_format
 from fastload.storage import LocalStore, MemoryStore, Store
 
@@ -127,6 +129,24 @@ class ShardFormatTests:
         got = list(self.reader(store))
         assert [s["__key__"] for s in got] == keys
         assert [s["txt"] for s in got] == [k.encode() for k in keys]
+
+    def test_reader_takes_the_common_options(self, store: Store) -> None:
+        """Every reader accepts :class:`~fastload.formats.ReaderOptions` by keyword, and refuses
+        an unknown ``on_error`` (checked by :class:`~fastload.formats._base.ErrorPolicy`)."""
+        samples = [{"__key__": f"k{i}", "bin": bytes([i]) * 10} for i in range(3)]
+        info = self.write(store, samples)
+        key = self.shard_key()
+        with self.fmt.reader(
+            store,
+            key,
+            on_error="warn",
+            index_key=None,
+            num_samples=info.num_samples,
+            num_bytes=info.num_bytes,
+        ) as reader:
+            assert [s["__key__"] for s in reader] == ["k0", "k1", "k2"]
+        with pytest.raises(InvalidArgumentError, match="on_error must be one of"):
+            self.fmt.reader(store, key, on_error="ignore")  # type: ignore[arg-type]
 
     # ---- what the writer reports and publishes -------------------------------------------------
 

@@ -12,6 +12,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from fastload.errors import (
     ReadOnlyStoreError,
 )
 from fastload.formats import get_format
-from fastload.formats.lmdb import LMDBReader, LMDBWriter, _writer, detect
+from fastload.formats.lmdb import LMDBReader, LMDBWriter, _reader, _sizing, _writer, detect
 from fastload.formats.lmdb._layout import pack_value, value_parts
 from fastload.storage import LocalStore, MemoryStore, ObjectWriter, Store
 
@@ -164,7 +165,7 @@ def test_short_map_estimate_is_grown_and_rebuilt(
         attempts.append(map_size)
         return real_open(path, map_size)
 
-    monkeypatch.setattr(_writer._PageCount, "bound", lambda self: 64 * 1024)
+    monkeypatch.setattr(_sizing.PageCount, "bound", lambda self: 64 * 1024)
     monkeypatch.setattr(_writer, "_open_env", counting_open)
     info = _write(store, samples)
     assert attempts == [64 * 1024 * 2**i for i in range(len(attempts))]
@@ -244,7 +245,7 @@ def test_file_is_compact_with_the_meta_pages_the_readme_describes(tmp_path: Path
         env.close()
     # Keys were appended in order, so leaf pages are full: the file is at most a few pages
     # larger than the entries' node bytes.
-    pages = _writer._PageCount(psize)
+    pages = _sizing.PageCount(psize)
     pages.add(len(b"\x00fastload/meta"), 40, reserved=True)
     for s in samples:
         pages.add(len(s["__key__"].encode()), len(pack_value(_fields(s))))
@@ -506,6 +507,39 @@ def test_many_readers_of_one_file_in_one_process(tmp_path: Path) -> None:
     assert readers[-1].read(4)["bin"] == b"\x04"
     readers[-1].close()
     assert LMDBReader(store, KEY).read(2)["bin"] == b"\x02"  # reopened after all were closed
+
+
+def test_reader_finalized_while_another_file_opens_does_not_deadlock(tmp_path: Path) -> None:
+    """A garbage collection while a shard is being opened may finalize another reader, whose
+    finalizer releases its environment in the same thread, inside the table's lock."""
+    store = LocalStore(tmp_path)
+    _write(store, [{"__key__": "a", "bin": b"1"}], key="a.lmdb")
+    _write(store, [{"__key__": "b", "bin": b"2"}], key="b.lmdb")
+    gc.disable()  # so that only the collection inside the opener frees the reader
+    try:
+        doomed = LMDBReader(store, "a.lmdb")
+        assert doomed.read(0)["bin"] == b"1"
+        doomed.cycle = doomed  # type: ignore[attr-defined]  # only a collection frees it
+        del doomed
+        real_open = _reader.open_env
+
+        def open_after_collecting(path: str, *, readahead: bool) -> Any:
+            gc.collect()  # runs the finalizer of the reader of a.lmdb, here
+            return real_open(path, readahead=readahead)
+
+        result: list[bytes] = []
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(_reader, "open_env", open_after_collecting)
+            thread = threading.Thread(
+                target=lambda: result.append(LMDBReader(store, "b.lmdb").read(0)["bin"]),
+                daemon=True,  # a deadlocked thread must not keep the test process alive
+            )
+            thread.start()
+            thread.join(timeout=60)
+        assert not thread.is_alive(), "opening b.lmdb deadlocked"
+        assert result == [b"2"]
+    finally:
+        gc.enable()
 
 
 def test_remote_store_download_is_removed_on_close() -> None:

@@ -35,6 +35,7 @@ from hypothesis import strategies as st
 from fastload.errors import CorruptDataError, FormatError, InvalidArgumentError
 from fastload.formats import get_format
 from fastload.formats.tfrecord import FORMAT, TFRecordReader, TFRecordWriter, build_index, detect
+from fastload.formats.tfrecord import _decode as dec
 from fastload.formats.tfrecord import _example as ex
 from fastload.formats.tfrecord._framing import crc32c, crc32c_extend, frame_footer, frame_header
 from fastload.storage import LocalStore, MemoryStore, Store
@@ -168,11 +169,11 @@ def test_encoder_matches_protobuf_runtime_and_fast_decoder_matches_runtime(
         # protobuf's own serializer, fed the same features, gives the same bytes
         message = ex.Example.FromString(payload)
         assert message.SerializeToString() == payload
-        assert ex.decode_runtime(payload) == (sample["__key__"], fields)
+        assert dec.decode_runtime(payload) == (sample["__key__"], fields)
         got: dict[str, bytes] = {}
         try:
-            key = ex.decode_fast(payload, 0, len(payload), None, got)
-        except ex.Unusual:
+            key = dec.decode_fast(payload, 0, len(payload), None, got)
+        except dec.Unusual:
             continue
         assert (key, got) == ((sample["__key__"], 0), fields)
         # the same payload inside a memory map of a larger buffer (as in a mapped shard), with
@@ -180,7 +181,7 @@ def test_encoder_matches_protobuf_runtime_and_fast_decoder_matches_runtime(
         with _mapped(b"\x0a\xff" * 9 + payload + b"\x0a\x7f" * 9) as view:
             for crc in (0, 12345):
                 got = {"__url__": "u"}
-                assert ex.decode_fast(view, 18, 18 + len(payload), crc, got) == (
+                assert dec.decode_fast(view, 18, 18 + len(payload), crc, got) == (
                     sample["__key__"],
                     crc32c_extend(crc, payload),
                 )
@@ -225,7 +226,7 @@ def test_typed_features_for_tensorflow_users() -> None:
     assert list(values["emb.npy"].float_list.value) == [0.5, -1.0, 3.25]
     assert list(values["ids.npy"].int64_list.value) == [1, -2, 2**40]
     assert list(values["empty"].bytes_list.value) == [b""]
-    assert ex.decode_example(payload) == ("k", fields)
+    assert dec.decode_example(payload) == ("k", fields)
 
 
 def test_signalling_nan_float_arrays_stay_bytes() -> None:
@@ -233,7 +234,7 @@ def test_signalling_nan_float_arrays_stay_bytes() -> None:
     data = ex.npy_bytes("<f4", raw, 2)
     assert np.load(io.BytesIO(data)).tobytes() == raw
     payload = b"".join(ex.encode_example("k", {"x.npy": data})[0])
-    assert ex.decode_example(payload) == ("k", {"x.npy": data})
+    assert dec.decode_example(payload) == ("k", {"x.npy": data})
 
 
 @pytest.mark.parametrize("n", [0, 1, 3, 10**6, 10**21 - 1])
@@ -354,20 +355,20 @@ def test_third_party_examples_map_to_fields() -> None:
 def test_protobuf_edge_cases_follow_protobuf_rules() -> None:
     # repeated feature name: last entry wins; unknown fields are skipped; unpacked scalars work
     payload = _example([("a", "bytes_list", [b"1"]), ("a", "bytes_list", [b"2"])])
-    assert ex.decode_example(payload) == (None, {"a": b"2"})
+    assert dec.decode_example(payload) == (None, {"a": b"2"})
     unknown = b"\x10\x05" + _example([("a", "int64_list", [7])]) + b"\x1a\x02hi"
-    assert ex.decode_example(unknown) == (None, {"a": b"7"})
+    assert dec.decode_example(unknown) == (None, {"a": b"7"})
     # Feature{int64_list{value: 5 (unpacked)}}
     entry = b"\x0a\x01b\x12\x04\x1a\x02\x08\x05"
     unpacked = b"\x0a" + bytes([len(entry) + 2]) + b"\x0a" + bytes([len(entry)]) + entry
-    assert ex.decode_example(unpacked) == (None, {"b": b"5"})
-    assert ex.decode_example(b"") == (None, {})
+    assert dec.decode_example(unpacked) == (None, {"b": b"5"})
+    assert dec.decode_example(b"") == (None, {})
     with pytest.raises(ex.ProtoError, match="__key__"):
-        ex.decode_example(_example([("__key__", "int64_list", [1])]))
+        dec.decode_example(_example([("__key__", "int64_list", [1])]))
     with pytest.raises(ex.ProtoError, match="UTF-8"):
-        ex.decode_example(_example([("__key__", "bytes_list", [b"\xff"])]))
+        dec.decode_example(_example([("__key__", "bytes_list", [b"\xff"])]))
     with pytest.raises(ex.ProtoError):
-        ex.decode_example(b"\x0a\x05\x0a\x03\x0a\x01")
+        dec.decode_example(b"\x0a\x05\x0a\x03\x0a\x01")
 
 
 # ---- the writer -----------------------------------------------------------------------------------
@@ -923,9 +924,9 @@ def test_fast_decoder_at_every_varint_width(size: int) -> None:
     fields = {"bin": b"\xab" * size, "cls": str(size * 977 - 5).encode(), "txt": b"x"}
     payload = b"".join(ex.encode_example("k", fields)[0])
     got: dict[str, bytes] = {}
-    assert ex.decode_fast(payload, 0, len(payload), 7, got) == ("k", crc32c_extend(7, payload))
+    assert dec.decode_fast(payload, 0, len(payload), 7, got) == ("k", crc32c_extend(7, payload))
     assert got == fields
-    assert ex.decode_runtime(payload) == ("k", fields)
+    assert dec.decode_runtime(payload) == ("k", fields)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
@@ -945,13 +946,13 @@ def test_fast_decoder_never_disagrees_with_protobuf_on_damaged_bytes(
         del data[cut % len(data) :]
     payload = bytes(data)
     try:
-        expected: Any = ex.decode_runtime(payload)
+        expected: Any = dec.decode_runtime(payload)
     except ex.ProtoError:
         expected = "error"
     fields: dict[str, bytes] = {}
     try:
-        key, _ = ex.decode_fast(payload, 0, len(payload), None, fields)
-    except ex.FAST_PATH_MISSES:
+        key, _ = dec.decode_fast(payload, 0, len(payload), None, fields)
+    except dec.FAST_PATH_MISSES:
         pass  # the runtime decides
     else:
         assert (key, fields) == expected
@@ -960,8 +961,8 @@ def test_fast_decoder_never_disagrees_with_protobuf_on_damaged_bytes(
     with _mapped(payload + trailer) as view:
         fields = {}
         try:
-            key, crc = ex.decode_fast(view, 0, len(payload), 0, fields)
-        except ex.FAST_PATH_MISSES:
+            key, crc = dec.decode_fast(view, 0, len(payload), 0, fields)
+        except dec.FAST_PATH_MISSES:
             return
         assert (key, fields) == expected
         assert crc == crc32c(payload)

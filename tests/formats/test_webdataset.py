@@ -787,7 +787,8 @@ def test_read_checks_data_length_after_the_shard_shrank(tmp_path: Path) -> None:
 
 
 def test_huge_member_size_uses_pax_and_base256_is_read() -> None:
-    from fastload.formats.webdataset._tar import encode_member_header, parse_octal, scan
+    from fastload.formats.webdataset._scan import scan
+    from fastload.formats.webdataset._tar import encode_member_header, parse_octal
 
     size = 2**34 + 3  # above ustar's 8 GiB - 1
     header = encode_member_header(b"big.bin", size)

@@ -51,12 +51,14 @@ from fastload.errors import CorruptDataError, FormatError, ManifestError, Unsafe
 from fastload.formats._sample import codec_for, decode_field, decode_sample
 from fastload.formats.manifest import Manifest
 from fastload.formats.tfrecord import TFRecordReader, TFRecordWriter
+from fastload.formats.tfrecord import _decode as dec
 from fastload.formats.tfrecord import _example as ex
 from fastload.formats.tfrecord._framing import HEADER, frame_header
 from fastload.formats.tfrecord._index import parse_index as parse_tfrecord_index
 from fastload.formats.webdataset import WebDatasetReader, WebDatasetWriter, build_index, detect
 from fastload.formats.webdataset import parse_index as parse_wds_index
-from fastload.formats.webdataset._tar import BLOCK, encode_member_header, parse_octal, scan
+from fastload.formats.webdataset._scan import scan
+from fastload.formats.webdataset._tar import BLOCK, encode_member_header, parse_octal
 from fastload.storage import LocalStore, MemoryStore, Store
 from fastload.testing.streams import ForwardOnlyStore
 
@@ -1345,7 +1347,7 @@ def test_example_decoder_agrees_with_protobuf_and_raises_only_format_errors(
     expected = _spec_decode(payload)
     error: ex.ProtoError | None = None
     try:
-        got: Any = ex.decode_example(payload)
+        got: Any = dec.decode_example(payload)
     except ex.ProtoError as exc:
         error, got = exc, "error"
     assert error is None or isinstance(error, CorruptDataError)

@@ -11,9 +11,9 @@ from fastload.formats.lmdb._layout import (
     META_KEY,
     POSITION_PREFIX,
     RESERVED_PREFIX,
-    detect,
     position_key,
 )
+from fastload.formats.lmdb._pages import detect
 from fastload.formats.lmdb._reader import LMDBReader
 from fastload.formats.lmdb._writer import LMDBWriter
 

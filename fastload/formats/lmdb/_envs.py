@@ -91,7 +91,10 @@ def open_env(path: str, *, readahead: bool) -> Any:
     )
 
 
-_LOCK = threading.Lock()
+#: Guards the table. Re-entrant because :func:`acquire` holds it while the opener runs, and a
+#: garbage collection then may finalize another reader, whose finalizer calls :func:`release`
+#: in the same thread (with a plain lock that thread would wait for itself forever).
+_LOCK = threading.RLock()
 _TABLE: dict[tuple[int, int], SharedEnv] = {}
 _PID = os.getpid()
 

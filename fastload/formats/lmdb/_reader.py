@@ -10,27 +10,22 @@ import threading
 import weakref
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Unpack
 
 import lmdb
-import msgpack
 
 from fastload.errors import CorruptDataError, FormatError
-from fastload.formats._base import OnError, ShardReader
+from fastload.formats._base import ReaderOptions, ShardReader
 from fastload.formats.lmdb._envs import SharedEnv, acquire, open_env, release
 from fastload.formats.lmdb._layout import (
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    GOOD,
     META_KEY,
-    P_INVALID,
-    FileBytes,
-    MetaPage,
-    PageError,
-    PageMap,
+    REMEDY,
     position_key,
-    read_meta,
+    unpack_meta,
+    unpack_value,
 )
+from fastload.formats.lmdb._pagemap import GOOD, OpenedFile, PageMap
+from fastload.formats.lmdb._pages import P_INVALID, FileBytes, PageError, read_meta
 from fastload.storage import Store
 
 __all__ = ["LMDBReader"]
@@ -43,9 +38,6 @@ _CORRUPT = (
     lmdb.PageNotFoundError,
     lmdb.VersionMismatchError,
 )
-#: What a damaged shard's error tells the user to do. ``fastload index`` cannot help: an LMDB
-#: shard is its own index.
-_REMEDY = "re-create the shard with `fastload convert` or restore it from a copy"
 #: LMDB's longest key (``MDB_MAXKEYSIZE`` of default builds).
 _MAX_KEY = 511
 
@@ -66,56 +58,6 @@ def _map(path: str) -> FileBytes:
         if os.fstat(file.fileno()).st_size == 0:
             return b""
         return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-
-
-def _map_length(value: Any) -> int:
-    """The entry count in the header of the msgpack map that starts ``value``."""
-    first = value[0]
-    if first & 0xF0 == 0x80:
-        return int(first & 0x0F)
-    width = 2 if first == 0xDE else 4
-    return int.from_bytes(bytes(value[1 : 1 + width]), "big")
-
-
-class _Opened:
-    """One opened shard file: the sample count from its meta key, its page map and the read-only
-    map of the file the page checks read (closed with the environment)."""
-
-    def __init__(self, view: FileBytes, size: int, meta: MetaPage, pages: PageMap) -> None:
-        self.view, self.size, self.meta, self.pages = view, size, meta, pages
-        self.count = 0
-        self._lock = threading.Lock()
-
-    def shrunk(self) -> bool:
-        """Whether the file became shorter than when it was checked (truncated in place while
-        open); if so, the page map is rebuilt for the bytes left, so that no page past the new
-        end is read (which would raise ``SIGBUS``).
-
-        Readers call it before every read (one ``fstat``). It narrows the window, it cannot close
-        it: a truncation between the check and the copy of the value still faults. Shards must
-        be replaced atomically (fastload's writers and stores do), never rewritten in place.
-        """
-        view = self.view
-        if not isinstance(view, mmap.mmap):
-            return False
-        try:
-            size = view.size()  # fstat of the mapped file
-        except (OSError, ValueError):  # closed meanwhile: the caller's next step fails cleanly
-            return False
-        if size >= self.size:
-            return False
-        with self._lock:
-            if size < self.size:
-                truncation = (
-                    f"the shard was truncated to {size} bytes while open (it had {self.size})"
-                )
-                self.pages = PageMap(view, size, self.meta, truncation)
-                self.size = size
-        return True
-
-    def close(self) -> None:
-        if isinstance(self.view, mmap.mmap):
-            self.view.close()
 
 
 class LMDBReader(ShardReader):
@@ -139,7 +81,7 @@ class LMDBReader(ShardReader):
     Damage: LMDB trusts the pages it maps, and a damaged page can make it read outside the file
     (``SIGBUS``) or outside the page. So before LMDB opens the file the reader checks both meta
     pages and the file's length, and before LMDB looks a key up it checks every page the lookup
-    reads (see :class:`~fastload.formats.lmdb._layout.PageMap` and the package README). A
+    reads (see :class:`~fastload.formats.lmdb._pagemap.PageMap` and the package README). A
     truncated file is read as far as its pages are present. Every damage found, in a page, a
     node, a reserved key or a value, is a :class:`~fastload.errors.CorruptDataError` naming the
     shard URL, the sample key (or position) and the byte offset where known; it affects only
@@ -173,20 +115,11 @@ class LMDBReader(ShardReader):
         store: Store,
         key: str,
         *,
-        on_error: OnError = "raise",
-        index_key: str | None = None,
-        num_samples: int | None = None,
-        num_bytes: int | None = None,
         readahead: bool = True,
+        **options: Unpack[ReaderOptions],
     ) -> None:
-        super().__init__(
-            store,
-            key,
-            on_error=on_error,
-            index_key=None,
-            num_samples=num_samples,
-            num_bytes=num_bytes,
-        )
+        options["index_key"] = None  # an LMDB shard is its own index
+        super().__init__(store, key, **options)
         self.readahead = readahead
         self._entry: SharedEnv | None = None
         self._release: weakref.finalize[[SharedEnv], None] | None = None
@@ -227,7 +160,7 @@ class LMDBReader(ShardReader):
         weakref.finalize(self, _remove, tmp, os.getpid())
         return tmp
 
-    def _open(self) -> tuple[SharedEnv, _Opened]:
+    def _open(self) -> tuple[SharedEnv, OpenedFile]:
         """This process's shared environment for the shard, opened and checked on first use."""
         entry = self._entry
         if entry is None or entry.pid != os.getpid() or entry.closed:
@@ -237,10 +170,10 @@ class LMDBReader(ShardReader):
                     entry = acquire(self._local_file(), opener=self._open_file)
                     self._entry = entry
                     self._release = weakref.finalize(self, release, entry)  # type: ignore[arg-type]
-        opened: _Opened = entry.info
+        opened: OpenedFile = entry.info
         return entry, opened
 
-    def _open_file(self, path: str) -> tuple[Any, _Opened]:
+    def _open_file(self, path: str) -> tuple[Any, OpenedFile]:
         """Check the file, open it with LMDB and read its meta key (for :func:`acquire`)."""
         view = _map(path)
         try:
@@ -253,12 +186,12 @@ class LMDBReader(ShardReader):
                     raise CorruptDataError(
                         f"{problem}: its meta page says it needs {opened.meta.needed} bytes, "
                         f"it has {opened.size} (truncated, or the meta page is damaged); "
-                        f"{_REMEDY}",
+                        f"{REMEDY}",
                         url=self.url,
                     ) from exc
                 if isinstance(exc, _CORRUPT):
                     raise CorruptDataError(
-                        f"{problem}; the shard is damaged: {_REMEDY}", url=self.url
+                        f"{problem}; the shard is damaged: {REMEDY}", url=self.url
                     ) from exc
                 raise FormatError(problem, url=self.url) from exc
             try:
@@ -272,13 +205,13 @@ class LMDBReader(ShardReader):
             raise
         return env, opened
 
-    def _check_file(self, view: FileBytes, size: int) -> _Opened:
+    def _check_file(self, view: FileBytes, size: int) -> OpenedFile:
         """The meta pages and the length of the file, before LMDB maps it."""
         try:
             meta = read_meta(view, size)
         except PageError as exc:
             raise CorruptDataError(
-                f"{exc}: the shard is damaged or not an LMDB file ({size} bytes); {_REMEDY}",
+                f"{exc}: the shard is damaged or not an LMDB file ({size} bytes); {REMEDY}",
                 url=self.url,
                 offset=exc.offset,
             ) from exc
@@ -289,67 +222,30 @@ class LMDBReader(ShardReader):
             if expected is not None:
                 sizes.append(f"the manifest says {expected}")
             truncation = f"the shard is truncated at {size} bytes ({', '.join(sizes)})"
-        return _Opened(view, size, meta, PageMap(view, size, meta, truncation))
+        return OpenedFile(view, size, meta, PageMap(view, size, meta, truncation))
 
-    def _read_meta_key(self, env: Any, opened: _Opened) -> int:
+    def _read_meta_key(self, env: Any, opened: OpenedFile) -> int:
         """The sample count from the meta key, checked."""
         with env.begin(buffers=False) as txn:
             raw = self._lookup(None, txn, opened, META_KEY, key=META_KEY.decode())
             raw = None if raw is None else bytes(raw)
         if raw is not None:
-            return self._parse_meta(raw)
+            return unpack_meta(raw, url=self.url)
         meta = opened.meta
         if meta.root == P_INVALID and meta.other_entries:
             raise CorruptDataError(
                 f"meta page {meta.number}, which LMDB uses, describes an empty database, while "
                 f"the other meta page lists {meta.other_entries} entries: a meta page is damaged; "
-                f"{_REMEDY}",
+                f"{REMEDY}",
                 url=self.url,
                 offset=meta.number * meta.psize,
             )
         raise CorruptDataError(
             f"LMDB file has no reserved key {META_KEY!r}: not a fastload LMDB shard "
-            f"(see fastload/formats/lmdb/README.md); {_REMEDY}",
+            f"(see fastload/formats/lmdb/README.md); {REMEDY}",
             url=self.url,
             key=META_KEY.decode(),
         )
-
-    def _parse_meta(self, raw: bytes) -> int:
-        url, key = self.url, META_KEY.decode()
-        try:
-            meta = msgpack.unpackb(raw, raw=False)
-        except Exception as exc:
-            raise CorruptDataError(
-                f"meta value is not valid msgpack ({type(exc).__name__}: {exc}); {_REMEDY}",
-                url=url,
-                key=key,
-            ) from exc
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-            raise CorruptDataError(
-                f"meta value is not a {FORMAT_NAME!r} map: {meta!r:.200}; {_REMEDY}",
-                url=url,
-                key=key,
-            )
-        version, count = meta.get("version"), meta.get("num_samples")
-        if (
-            type(version) is not int
-            or type(count) is not int
-            or count < 0
-            or count >= 1 << 48  # more entries than an LMDB file can hold
-        ):
-            raise CorruptDataError(
-                f"meta value has no valid version/num_samples: {meta!r:.200}; {_REMEDY}",
-                url=url,
-                key=key,
-            )
-        if version > FORMAT_VERSION:
-            raise FormatError(
-                f"shard uses LMDB layout version {version}, this fastload reads up to "
-                f"{FORMAT_VERSION}; upgrade fastload",
-                url=url,
-                key=key,
-            )
-        return count
 
     # ---- lookups and decoding -----------------------------------------------------------------
 
@@ -362,15 +258,13 @@ class LMDBReader(ShardReader):
         offset: int | None = None,
     ) -> CorruptDataError:
         where = "" if position is None else f"sample at position {position}: "
-        return CorruptDataError(
-            f"{where}{problem}; {_REMEDY}", url=self.url, key=key, offset=offset
-        )
+        return CorruptDataError(f"{where}{problem}; {REMEDY}", url=self.url, key=key, offset=offset)
 
     def _lookup(
         self,
         entry: SharedEnv | None,
         txn: Any,
-        opened: _Opened,
+        opened: OpenedFile,
         kbytes: bytes,
         *,
         key: str | None = None,
@@ -416,7 +310,7 @@ class LMDBReader(ShardReader):
             )
         return key
 
-    def _missing(self, opened: _Opened, position: int) -> CorruptDataError:
+    def _missing(self, opened: OpenedFile, position: int) -> CorruptDataError:
         return self._corrupt(
             f"the manifest lists {self.expected_samples} samples for this shard, but the "
             f"shard holds {opened.count}, so this sample is missing (the shard or the "
@@ -425,7 +319,7 @@ class LMDBReader(ShardReader):
         )
 
     def _read(
-        self, entry: SharedEnv, opened: _Opened, position: int, kbytes: bytes | None = None
+        self, entry: SharedEnv, opened: OpenedFile, position: int, kbytes: bytes | None = None
     ) -> dict[str, Any]:
         """The sample at ``position`` (within the manifest's count), whose key is ``kbytes``
         when the caller read its position entry already."""
@@ -447,7 +341,7 @@ class LMDBReader(ShardReader):
             )
         return self._decode(key, position, value)
 
-    def _positions(self, opened: _Opened, position: int) -> tuple[int, list[bytes | None]]:
+    def _positions(self, opened: OpenedFile, position: int) -> tuple[int, list[bytes | None]]:
         """The position entries on the page that holds ``position``'s: ``(first, keys)``,
         where ``keys[j]`` is the sample key at position ``first + j`` (``None`` where the
         entry is missing or malformed, so that reading it by position reports why).
@@ -465,41 +359,17 @@ class LMDBReader(ShardReader):
         return position, out
 
     def _decode(self, key: str, position: int, value: Any) -> dict[str, Any]:
-        at = None if position < 0 else position
         try:
-            fields = msgpack.unpackb(value, raw=False)
-        except Exception as exc:
+            fields = unpack_value(value)
+        except ValueError as exc:
             raise self._corrupt(
-                f"sample value is not valid msgpack ({type(exc).__name__}: {exc})",
-                key=key,
-                position=at,
+                str(exc), key=key, position=None if position < 0 else position
             ) from exc
-        if not isinstance(fields, dict):
-            raise self._corrupt(
-                f"sample value is a msgpack {type(fields).__name__}, expected a map of fields",
-                key=key,
-                position=at,
-            )
-        head = value[0]
-        if len(fields) != (head & 0x0F if head & 0xF0 == 0x80 else _map_length(value)):
-            raise self._corrupt("sample value repeats a field name", key=key, position=at)
         sample: dict[str, Any] = {"__key__": key, "__url__": self.url, "__index__": position}
-        for name, data in fields.items():
-            if (
-                type(data) is not bytes
-                or type(name) is not str
-                or not name
-                or name[0] == "_" == name[1:2]
-            ):
-                raise self._corrupt(
-                    f"sample field {name!r:.80} is not a str name with a bytes value",
-                    key=key,
-                    position=at,
-                )
-            sample[name] = data
+        sample.update(fields)
         return sample
 
-    def _count(self, opened: _Opened) -> int:
+    def _count(self, opened: OpenedFile) -> int:
         """Samples served: the manifest's count when known, else the shard's own."""
         return opened.count if self.expected_samples is None else self.expected_samples
 
@@ -600,7 +470,7 @@ class LMDBReader(ShardReader):
                 CorruptDataError(
                     f"the shard holds {opened.count} samples, but the manifest lists {total}: "
                     f"the last {opened.count - total} are not read (the shard or the manifest "
-                    f"was replaced or damaged); {_REMEDY}",
+                    f"was replaced or damaged); {REMEDY}",
                     url=self.url,
                 )
             )

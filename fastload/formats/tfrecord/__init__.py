@@ -37,4 +37,10 @@ FORMAT = Format(
     reader=TFRecordReader,
     build_index=build_index,
     detect=detect,
+    # With TensorFlow's whole-file GZIP and ZLIB compression too.
+    source_extensions=tuple(
+        base + suffix
+        for base in ("tfrecord", "tfrecords")
+        for suffix in ("", ".gz", ".gzip", ".zz", ".zlib")
+    ),
 )

@@ -3,94 +3,32 @@
 from __future__ import annotations
 
 import io
-import logging
 import mmap
-import os
 import posixpath
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Unpack
 
 from fastload.errors import CorruptDataError, FormatError, MissingIndexError, ObjectNotFoundError
-from fastload.formats._base import OnError, ShardReader
+from fastload.formats._base import ReaderOptions, ShardReader
 from fastload.formats._mmap import local_file, map_file
 from fastload.formats.tfrecord._compression import (
     InflateReader,
     detect_compression,
     normalize_compression,
 )
-from fastload.formats.tfrecord._example import (
-    FAST_PATH_MISSES,
-    Buffer,
-    ProtoError,
-    decode_fast,
-    decode_runtime,
-)
+from fastload.formats.tfrecord._decode import FAST_PATH_MISSES, Buffer, decode_fast
+from fastload.formats.tfrecord._example import ProtoError
 from fastload.formats.tfrecord._framing import HEADER, HEADER_SIZE, U32LE, crc32c, mask, masked_crc
 from fastload.formats.tfrecord._index import RecordIndex, parse_index, scan_index
+from fastload.formats.tfrecord._record import BadChecksum, RecordErrors, decode_record, read_exact
 from fastload.storage import ByteRange, Store
 
 __all__ = ["TFRecordReader"]
 
-log = logging.getLogger("fastload.formats")
-
-#: Payloads longer than this are read in pieces of this size (guards against absurd lengths
-#: when CRCs are not verified).
-#: Reads of a stream are made in pieces of at most this size, so that a damaged length field
-#: (or a decompression bomb) costs memory for the bytes that exist, not for the length declared.
-_MAX_READ = 1024 * 1024
 #: protobuf's limit on a message: a longer record cannot hold a tf.train.Example.
 _MAX_RECORD = 2**31 - 1
 _EXTENSIONS = (".tfrecords", ".tfrecord", ".tfr")
 _COMPRESSED_SUFFIXES = (".gz", ".gzip", ".zz", ".zlib")
-_O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
-_META = ("__key__", "__url__", "__index__")
-
-
-class _BadChecksum(Exception):
-    """A record's payload does not match the CRC32C in its footer."""
-
-
-def _decode_record(
-    buf: Buffer, start: int, end: int, stored: int | None, sample: dict[str, Any]
-) -> str | None:
-    """Add the fields of the Example in ``buf[start:end]`` to ``sample``; return its ``__key__``.
-
-    Each value is copied out of ``buf`` once. ``stored`` is the masked CRC32C from the record's
-    footer (``None``: not checked); the CRC is checked before a decoding error is reported, so
-    damage reads as damage, not as a bad Example.
-
-    Raises:
-        _BadChecksum: The payload does not match ``stored``.
-        ProtoError: The payload is not a valid Example.
-    """
-    try:
-        key, crc = decode_fast(buf, start, end, None if stored is None else 0, sample)
-    except FAST_PATH_MISSES:
-        payload = buf[start:end]  # bytes; no copy when buf is that payload already
-        if stored is not None and mask(crc32c(payload)) != stored:
-            raise _BadChecksum from None
-        key, fields = decode_runtime(payload)
-        meta = {name: sample[name] for name in _META if name in sample}
-        sample.clear()  # drop what the fast path added before it gave up
-        sample.update(meta)
-        sample.update(fields)
-        return key
-    if stored is not None and mask(crc) != stored:
-        raise _BadChecksum
-    return key
-
-
-def _read_exact(read: Callable[[int], bytes], n: int) -> bytes:
-    if n <= _MAX_READ:
-        return read(n)
-    parts = []
-    while n > 0:
-        part = read(min(n, _MAX_READ))
-        if not part:
-            break
-        parts.append(part)
-        n -= len(part)
-    return b"".join(parts)
 
 
 class TFRecordReader(ShardReader):
@@ -139,22 +77,12 @@ class TFRecordReader(ShardReader):
         store: Store,
         key: str,
         *,
-        on_error: OnError = "raise",
-        index_key: str | None = None,
-        num_samples: int | None = None,
-        num_bytes: int | None = None,
         verify: bool = True,
         compression: str | None = "auto",
         chunk_size: int = 0,
+        **options: Unpack[ReaderOptions],
     ) -> None:
-        super().__init__(
-            store,
-            key,
-            on_error=on_error,
-            index_key=index_key,
-            num_samples=num_samples,
-            num_bytes=num_bytes,
-        )
+        super().__init__(store, key, **options)
         self.verify = verify
         self.compression = normalize_compression(compression, allow_auto=True)
         self.chunk_size = chunk_size
@@ -162,6 +90,7 @@ class TFRecordReader(ShardReader):
         self._index_loaded = False
         self._no_access = ""  # why there is no random access, once known
         self._stem = default_stem(key)
+        self._errors = RecordErrors(self.url)
         self._map: mmap.mmap | bytes | None = None  # this process's map of a local shard
         self._map_tried = False
         self._size = -1  # the shard's size when the index was loaded
@@ -195,11 +124,6 @@ class TFRecordReader(ShardReader):
             raise
         return stream, compression
 
-    def _corrupt(self, message: str, offset: int, compression: str | None) -> CorruptDataError:
-        if compression is not None:
-            message += f" (offset in the {compression}-decompressed stream)"
-        return CorruptDataError(message, url=self.url, offset=offset)
-
     def _records(self, start: int, offset: int) -> Iterator[dict[str, Any]]:
         """Samples from record ``start`` (at byte ``offset``) to the end of the shard: out of a
         memory map for a plain local file, else streamed. Opens nothing until first used."""
@@ -230,57 +154,36 @@ class TFRecordReader(ShardReader):
         try:
             while offset < size:
                 if size - offset < HEADER_SIZE:
-                    handle(
-                        self._corrupt(
-                            f"truncated TFRecord: the file ends {size - offset} bytes into a "
-                            "12-byte record header",
-                            offset,
-                            None,
-                        )
-                    )
+                    handle(self._errors.truncated_header(size - offset, offset, None))
                     return
                 length, length_crc = unpack_header(view, offset)
                 if verify and mask(crc32c(view[offset : offset + 8])) != length_crc:
-                    handle(
-                        self._corrupt(
-                            f"TFRecord length CRC mismatch in record {i}: the record length "
-                            "cannot be trusted, so the rest of the shard cannot be read",
-                            offset,
-                            None,
-                        )
-                    )
+                    handle(self._errors.length_crc(i, offset, None))
                     return
                 begin = offset + HEADER_SIZE
                 end = begin + length
                 if end + 4 > size:
-                    handle(
-                        self._corrupt(
-                            f"truncated TFRecord: record {i} needs {length + 16} bytes, the file "
-                            f"ends after {size - offset}",
-                            offset,
-                            None,
-                        )
-                    )
+                    handle(self._errors.truncated_record(i, length, size - offset, offset, None))
                     return
                 record_offset = offset
                 offset = end + 4
                 sample: dict[str, Any] = {"__key__": None, "__url__": url, "__index__": i}
                 try:
-                    try:  # the common case, inline: _decode_record does the same
+                    try:  # the common case, inline: decode_record does the same
                         key, crc = decode_fast(view, begin, end, crc_init, sample)
                     except FAST_PATH_MISSES:
-                        key = _decode_record(
+                        key = decode_record(
                             view, begin, end, unpack_crc(view, end)[0] if verify else None, sample
                         )
                     else:
                         if verify and mask(crc) != unpack_crc(view, end)[0]:
-                            raise _BadChecksum
-                except _BadChecksum:
-                    handle(self._payload_crc_error(i, record_offset, None))
+                            raise BadChecksum
+                except BadChecksum:
+                    handle(self._errors.payload_crc(i, record_offset, None))
                     i += 1
                     continue
                 except ProtoError as exc:
-                    handle(self._corrupt(f"record {i}: {exc}", record_offset, None))
+                    handle(self._errors.corrupt(f"record {i}: {exc}", record_offset, None))
                     i += 1
                     continue
                 sample["__key__"] = f"{stem}/{i:08d}" if key is None else key
@@ -289,11 +192,6 @@ class TFRecordReader(ShardReader):
         finally:
             if isinstance(view, mmap.mmap):
                 view.close()
-
-    def _payload_crc_error(self, i: int, offset: int, compression: str | None) -> CorruptDataError:
-        return self._corrupt(
-            f"TFRecord payload CRC mismatch in record {i}: the data is damaged", offset, compression
-        )
 
     def _streamed(self, start: int, offset: int) -> Iterator[dict[str, Any]]:
         """:meth:`_records` through ``store.open_reader`` (any store; compressed files)."""
@@ -306,7 +204,7 @@ class TFRecordReader(ShardReader):
 
         def read(n: int) -> bytes:
             try:
-                return _read_exact(stream.read, n)
+                return read_exact(stream.read, n)
             except CorruptDataError as exc:  # what inflated before the damage was returned
                 failed.append(exc)
                 return b""
@@ -319,29 +217,15 @@ class TFRecordReader(ShardReader):
                     if failed:
                         handle(failed[0])
                     elif header:
-                        handle(
-                            self._corrupt(
-                                f"truncated TFRecord: the file ends {len(header)} bytes into a "
-                                "12-byte record header",
-                                offset,
-                                compression,
-                            )
-                        )
+                        handle(self._errors.truncated_header(len(header), offset, compression))
                     return
                 length, length_crc = unpack_header(header)
                 if verify and masked_crc(header[:8]) != length_crc:
-                    handle(
-                        self._corrupt(
-                            f"TFRecord length CRC mismatch in record {i}: the record length "
-                            "cannot be trusted, so the rest of the shard cannot be read",
-                            offset,
-                            compression,
-                        )
-                    )
+                    handle(self._errors.length_crc(i, offset, compression))
                     return
                 if length > _MAX_RECORD or (size is not None and offset + length + 16 > size):
                     handle(
-                        self._corrupt(
+                        self._errors.corrupt(
                             f"truncated TFRecord: record {i} declares {length + 16} bytes, "
                             + (
                                 f"the file has {size - offset} left"
@@ -359,28 +243,22 @@ class TFRecordReader(ShardReader):
                     handle(failed[0])
                     return
                 if len(payload) < length or len(footer) < 4:
-                    handle(
-                        self._corrupt(
-                            f"truncated TFRecord: record {i} needs {length + 16} bytes, the file "
-                            f"ends after {HEADER_SIZE + len(payload) + len(footer)}",
-                            offset,
-                            compression,
-                        )
-                    )
+                    found = HEADER_SIZE + len(payload) + len(footer)
+                    handle(self._errors.truncated_record(i, length, found, offset, compression))
                     return
                 record_offset = offset
                 offset += length + 16
                 sample: dict[str, Any] = {"__key__": None, "__url__": url, "__index__": i}
                 try:
-                    key = _decode_record(
+                    key = decode_record(
                         payload, 0, length, unpack_crc(footer)[0] if verify else None, sample
                     )
-                except _BadChecksum:
-                    handle(self._payload_crc_error(i, record_offset, compression))
+                except BadChecksum:
+                    handle(self._errors.payload_crc(i, record_offset, compression))
                     i += 1
                     continue
                 except ProtoError as exc:
-                    handle(self._corrupt(f"record {i}: {exc}", record_offset, compression))
+                    handle(self._errors.corrupt(f"record {i}: {exc}", record_offset, compression))
                     i += 1
                     continue
                 sample["__key__"] = f"{stem}/{i:08d}" if key is None else key
@@ -436,14 +314,7 @@ class TFRecordReader(ShardReader):
             index = parse_index(text, url=iurl, shard_size=self.index_bound(size))
             self.check_index_count(len(index), iurl)
         except CorruptDataError as exc:
-            if self.policy.on_error == "raise":
-                raise
-            log.warning(
-                "%s; reading the record headers of %s instead (rebuild the index with "
-                "`fastload index` to avoid this)",
-                exc,
-                self.url,
-            )
+            self.index_damaged(exc, "record headers")
             index, _damage = scan_index(self.store, self.key)
             if self.expected_samples is not None and len(index) > self.expected_samples:
                 index = RecordIndex(
@@ -528,11 +399,11 @@ class TFRecordReader(ShardReader):
             stored = U32LE.unpack_from(buf, base + size - 4)[0]
         sample: dict[str, Any] = {"__key__": None, "__url__": self.url, "__index__": i}
         try:
-            key = _decode_record(buf, base + HEADER_SIZE, base + size - 4, stored, sample)
-        except _BadChecksum:
-            raise self._payload_crc_error(i, offset, None) from None
+            key = decode_record(buf, base + HEADER_SIZE, base + size - 4, stored, sample)
+        except BadChecksum:
+            raise self._errors.payload_crc(i, offset, None) from None
         except ProtoError as exc:
-            raise CorruptDataError(f"record {i}: {exc}", url=self.url, offset=offset) from exc
+            raise self._errors.corrupt(f"record {i}: {exc}", offset, None) from exc
         sample["__key__"] = f"{self._stem}/{i:08d}" if key is None else key
         return sample
 

@@ -65,8 +65,7 @@ class TFRecordWriter(ShardWriter):
         )
         if self.compression:
             self.write_index = False
-        self._out = store.open_writer(key)
-        self._output = ShardOutput(self._out)
+        self._output = ShardOutput(store.open_writer(key))
         self._offset = 0  # uncompressed position: where the next record starts
         self._index: list[str] = []
         self._info: ShardInfo | None = None
@@ -92,7 +91,7 @@ class TFRecordWriter(ShardWriter):
                 a value cannot be encoded; nothing is written in that case.
             ValueError: The writer is already closed or aborted.
         """
-        if self._info is not None or self._out.closed:
+        if self._info is not None or self._output.out.closed:
             raise ValueError(f"write to a closed TFRecordWriter ({self.store.child_url(self.key)})")
         encoded = encode_sample(sample)
         key = cast(str, encoded.pop("__key__"))  # encode_sample validated it as a str
@@ -118,29 +117,22 @@ class TFRecordWriter(ShardWriter):
         """
         if self._info is not None:
             return self._info
-        try:
-            if self._compressor is not None:
+        if self._compressor is not None:
+            try:
                 tail = self._compressor.flush()
                 self._compressor = None
                 if tail:
                     self._emit(tail)
-            sha256 = self._output.finish()
-            self._out.commit()
-        except BaseException:
-            self._output.abort()
-            self._out.abort()
-            raise
+            except BaseException:
+                self._output.discard()
+                raise
+        sha256 = self._output.commit()
         index_key = None
         if self.write_index:
             index_key = self.key + ".idx"
             self.store.put(index_key, "".join(self._index).encode("ascii"))
-        self._info = ShardInfo(
-            key=self.key,
-            num_samples=self.num_samples,
-            num_bytes=self._output.nbytes,
-            sha256=sha256,
-            index_key=index_key,
-            fields=dict(self.fields),
+        self._info = self._shard_info(
+            num_bytes=self._output.nbytes, sha256=sha256, index_key=index_key
         )
         return self._info
 
@@ -148,5 +140,4 @@ class TFRecordWriter(ShardWriter):
         """Discard the shard; nothing becomes visible. Safe to call more than once."""
         if self._info is not None:
             return
-        self._output.abort()
-        self._out.abort()
+        self._output.discard()

@@ -40,4 +40,6 @@ FORMAT = Format(
     reader=WebDatasetReader,
     build_index=build_index,
     detect=detect,
+    # Compressed tars too, as the webdataset library reads them.
+    source_extensions=("tar", "tar.gz", "tgz", "tar.bz2", "tbz", "tbz2", "tar.xz", "txz"),
 )

@@ -3,7 +3,7 @@
 
 Such a shard is read **in order only**: byte offsets of members exist only in the decompressed
 stream, so there is no index, no ``len()`` and no random access. :class:`InflatedView` is a
-forward-only :class:`~fastload.formats.webdataset._tar.ShardView` over the decompressed bytes and
+forward-only :class:`~fastload.formats.webdataset._view.ShardView` over the decompressed bytes and
 :func:`scan_inflated` runs the tar scanner over it, so a compressed shard yields exactly the
 samples, and follows exactly the member rules, of the tar inside it.
 
@@ -30,7 +30,8 @@ from typing import IO, Any, Literal, cast
 
 from fastload.errors import CorruptDataError
 from fastload.formats._base import DAMAGED_SHARD_REMEDY
-from fastload.formats.webdataset._tar import BLOCK, Bad, Member, checksum_ok, scan
+from fastload.formats.webdataset._scan import Bad, Member, scan
+from fastload.formats.webdataset._tar import BLOCK, checksum_ok
 
 __all__ = [
     "COMPRESSED_SUFFIXES",
@@ -100,7 +101,7 @@ class EndOfStream(Exception):
 
 
 class InflatedView:
-    """A forward-only :class:`~fastload.formats.webdataset._tar.ShardView` over the
+    """A forward-only :class:`~fastload.formats.webdataset._view.ShardView` over the
     decompressed bytes of a compressed shard.
 
     ``len(view)`` is :data:`UNKNOWN_SIZE` (an upper bound; the size is known only at the end).
@@ -223,7 +224,7 @@ _OFFSET_NOTE = (
 
 
 def scan_inflated(view: InflatedView, url: str) -> Iterator[Member | Bad]:
-    """:func:`~fastload.formats.webdataset._tar.scan` over a compressed shard, with data.
+    """:func:`~fastload.formats.webdataset._scan.scan` over a compressed shard, with data.
 
     The end of the decompressed stream ends the scan as the end of the archive does. When the
     stream was damaged, the problem the scanner reports where the bytes ran out (a truncated

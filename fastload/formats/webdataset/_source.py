@@ -1,4 +1,4 @@
-"""Opening a shard for :func:`~fastload.formats.webdataset._tar.scan`: local files are
+"""Opening a shard for :func:`~fastload.formats.webdataset._scan.scan`: local files are
 memory-mapped, everything else is streamed; compressed shards are decompressed on the way.
 
 A local file is mapped read-only, so each member's data is copied once, from the page cache
@@ -33,7 +33,8 @@ from fastload.formats.webdataset._compressed import (
     compression_of,
     scan_inflated,
 )
-from fastload.formats.webdataset._tar import Bad, Member, ShardView, StreamView, scan, stream_size
+from fastload.formats.webdataset._scan import Bad, Member, scan
+from fastload.formats.webdataset._view import ShardView, StreamView, stream_size
 from fastload.storage import Store
 
 __all__ = ["open_shard", "scan_shard"]
@@ -143,7 +144,7 @@ def open_shard(store: Store, key: str, *, inflate: bool = False) -> Iterator[Sha
 def scan_shard(
     shard: ShardView, url: str, *, start: int = 0, want_data: bool = True
 ) -> Iterator[Member | Bad]:
-    """:func:`~fastload.formats.webdataset._tar.scan` for what :func:`open_shard` gave:
+    """:func:`~fastload.formats.webdataset._scan.scan` for what :func:`open_shard` gave:
     compressed shards are scanned from their start, with data (``start`` must be 0).
 
     Raises:

@@ -14,17 +14,10 @@ from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from fastload.errors import CorruptDataError, FormatError
+from fastload.formats.webdataset._scan import DIRECTORY, REGULAR, Bad, scan
 from fastload.formats.webdataset._source import open_shard
-from fastload.formats.webdataset._tar import (
-    BLOCK,
-    DIRECTORY,
-    REGULAR,
-    Bad,
-    ShardView,
-    scan,
-    split_member_name,
-    unsafe_name_reason,
-)
+from fastload.formats.webdataset._tar import BLOCK, split_member_name, unsafe_name_reason
+from fastload.formats.webdataset._view import ShardView
 from fastload.storage import Store
 
 __all__ = [

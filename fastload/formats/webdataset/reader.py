@@ -2,33 +2,22 @@
 
 from __future__ import annotations
 
-import logging
 import mmap
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Unpack
 
 from fastload.errors import CorruptDataError, FormatError, MissingIndexError, ObjectNotFoundError
-from fastload.formats._base import DAMAGED_SHARD_REMEDY, OnError, ShardReader
+from fastload.formats._base import DAMAGED_SHARD_REMEDY, ReaderOptions, ShardReader
 from fastload.formats._mmap import local_file, map_file
 from fastload.formats.webdataset._compressed import HEAD_BYTES, compressed_name, compression_of
+from fastload.formats.webdataset._scan import DIRECTORY, REGULAR, Bad, Member
 from fastload.formats.webdataset._source import open_shard, scan_shard
-from fastload.formats.webdataset._tar import (
-    BLOCK,
-    DIRECTORY,
-    REGULAR,
-    Bad,
-    Member,
-    ShardView,
-    checksum_ok,
-    parse_octal,
-    split_member_name,
-)
+from fastload.formats.webdataset._tar import BLOCK, checksum_ok, parse_octal, split_member_name
+from fastload.formats.webdataset._view import ShardView
 from fastload.formats.webdataset.index import Component, member_problem, parse_index
 from fastload.storage import ByteRange, Store
 
 __all__ = ["WebDatasetReader"]
-
-log = logging.getLogger("fastload.formats")
 
 
 class WebDatasetReader(ShardReader):
@@ -73,24 +62,8 @@ class WebDatasetReader(ShardReader):
     its index line when the shard is intact.
     """
 
-    def __init__(
-        self,
-        store: Store,
-        key: str,
-        *,
-        on_error: OnError = "raise",
-        index_key: str | None = None,
-        num_samples: int | None = None,
-        num_bytes: int | None = None,
-    ) -> None:
-        super().__init__(
-            store,
-            key,
-            on_error=on_error,
-            index_key=index_key,
-            num_samples=num_samples,
-            num_bytes=num_bytes,
-        )
+    def __init__(self, store: Store, key: str, **options: Unpack[ReaderOptions]) -> None:
+        super().__init__(store, key, **options)
         self._index: list[list[Component]] | None = None
         self._index_loaded = False
         self._map: ShardView | None = None  # this process's map of a local shard, for read()
@@ -138,26 +111,19 @@ class WebDatasetReader(ShardReader):
             index = parse_index(data, url=iurl, shard_size=self.index_bound(size))
             self.check_index_count(len(index), iurl)
         except CorruptDataError as exc:
-            if self.policy.on_error == "raise":
-                raise
-            index = self._scan_index(exc)
+            self.index_damaged(exc, "member headers")
+            index = self._scan_index()
             self._names_checked = False  # read() checks each sample's names as it reads it
         self._index, self._index_loaded = index, True
         return index
 
-    def _scan_index(self, damage: CorruptDataError) -> list[list[Component]]:
+    def _scan_index(self) -> list[list[Component]]:
         """An index built from the shard's own headers, replacing a damaged index file.
 
         Used under ``skip``/``warn``: the shard is intact, so its samples are kept. The scan stops
         at the first damage in the shard itself (the samples after it are then reported missing
         one by one by :meth:`read`).
         """
-        log.warning(
-            "%s; reading the member headers of %s instead (rebuild the index with `fastload "
-            "index` to avoid this)",
-            damage,
-            self.url,
-        )
         samples: list[list[Component]] = []
         last: str | None = None
         with open_shard(self.store, self.key) as shard:

@@ -71,8 +71,7 @@ class WebDatasetWriter(ShardWriter):
     def __init__(self, store: Store, key: str, *, index: bool = True) -> None:
         super().__init__(store, key, index=index)
         self.index_key = key + ".idx" if index else None
-        self._out = store.open_writer(key)
-        self._output = ShardOutput(self._out)
+        self._output = ShardOutput(store.open_writer(key))
         self._pad = 0  # zero bytes owed after the previous member's data
         self._last_key: str | None = None
         self._samples: list[list[Component]] = []
@@ -168,23 +167,16 @@ class WebDatasetWriter(ShardWriter):
         self._done = True
         try:
             self._output.write(bytes(self._pad) + END_OF_ARCHIVE)
-            self._pad = 0
-            sha256 = self._output.finish()
-            self._out.commit()
         except BaseException:
-            self._output.abort()
-            self._out.abort()
+            self._output.discard()
             raise
+        self._pad = 0
+        sha256 = self._output.commit()
         if self.index_key is not None:
             self.store.put(self.index_key, format_index(self._samples))
         self._samples = []
-        self._info = ShardInfo(
-            key=self.key,
-            num_samples=self.num_samples,
-            num_bytes=self._output.nbytes,
-            sha256=sha256,
-            index_key=self.index_key,
-            fields=dict(self.fields),
+        self._info = self._shard_info(
+            num_bytes=self._output.nbytes, sha256=sha256, index_key=self.index_key
         )
         return self._info
 
@@ -194,5 +186,4 @@ class WebDatasetWriter(ShardWriter):
             return
         self._done = True
         self._samples = []
-        self._output.abort()
-        self._out.abort()
+        self._output.discard()
