@@ -19,12 +19,9 @@ from typing import Any, Literal, Protocol
 
 from fastload.dali._backend import Device, require_dali
 from fastload.errors import InvalidArgumentError
+from fastload.loader._normalize import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "AugmentFn", "ImageAugment", "decoder_device"]
-
-#: ImageNet channel means and standard deviations, in 0..1 units (RGB).
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 class AugmentFn(Protocol):

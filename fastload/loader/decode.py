@@ -79,6 +79,7 @@ from fastload.errors import (
     UnsafeDataError,
 )
 from fastload.formats._sample import Sample, decode_sample
+from fastload.loader._sample_rng import rng_for
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -302,8 +303,6 @@ class Decoder:
             )
         fields = self._fields
         if callable(self.image):
-            from fastload.loader.transforms import rng_for
-
             fused = functools.partial(_call_with_rng, self.image, rng_for(sample))
             fields = {**self._fields, **dict.fromkeys(IMAGE_EXTENSIONS, fused), **self.extra}
         try:

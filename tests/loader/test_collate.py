@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 import fastload.loader as fl
 from fastload.errors import InvalidArgumentError
 from fastload.loader import PackedBytes, default_collate, pack_bytes
-from fastload.loader._collate import POOL_MIN_BYTES, empty_like_batch
+from fastload.loader._collate import empty_like_batch
+from fastload.loader._shm_pool import POOL_MIN_BYTES
 
 ITEMS = [b"abc", b"", b"\x00\xff" * 5, bytearray(b"xyz"), memoryview(b"hello world")[6:]]
 EXPECT = [b"abc", b"", b"\x00\xff" * 5, b"xyz", b"world"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import pickle
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -318,6 +319,27 @@ def test_invalid_arguments() -> None:
         ImageEvalTransform(size=224, resize=200)
     with pytest.raises(InvalidArgumentError):
         RandomHorizontalFlip(p=1.5)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ImageTrainTransform(interpolation="cubic"),
+        lambda: ImageEvalTransform(interpolation="cubic"),
+        lambda: RandomResizedCrop(interpolation="cubic"),
+        lambda: Resize(64, interpolation="cubic"),
+    ],
+)
+def test_every_transform_checks_interpolation_when_built(make: Any) -> None:
+    with pytest.raises(InvalidArgumentError, match="interpolation must be one of"):
+        make()
+
+
+@pytest.mark.parametrize("size", [0, (224, 0), (224, 2.5), True, (1, 2, 3)])
+def test_sizes_must_be_positive_ints_or_pairs(size: Any) -> None:
+    for make in (ImageTrainTransform, ImageEvalTransform, RandomResizedCrop, CenterCrop, Resize):
+        with pytest.raises(InvalidArgumentError, match=f"{make.__name__}: size must be"):
+            make(size)
 
 
 def test_without_seed_metadata_draws_follow_numpy_global_seed(photo_jpeg: bytes) -> None:
