@@ -49,16 +49,21 @@ from webdataset import filters
 from webdataset.compat import FluidInterface
 from webdataset.pipeline import DataPipeline
 
+from fastload._units import check_int
 from fastload.errors import InvalidArgumentError, WorkerError
-from fastload.loader._dataset import Dataset, open_dataset
+from fastload.loader._cursor import STATE_VERSION, EpochCursor
+from fastload.loader._dataset import Dataset
 from fastload.loader._dist import detect_rank_world
-from fastload.loader._order import check_seed
-from fastload.loader._stats import check_pending_resume, parse_state_position
+from fastload.loader._open import open_dataset
+from fastload.loader._partition import Partition
+from fastload.loader._seeds import check_seed
+from fastload.loader._stream import BatchStream
 
 __all__ = ["STATE_VERSION", "WebDataset", "WebLoader"]
 
-#: The state dict version :class:`WebLoader` writes.
-STATE_VERSION = 1
+#: What a :class:`WebLoader` state says it is (its steps count outputs of the pipeline, not
+#: batches of a :class:`fastload.DataLoader`).
+_KIND = "fastload.wds.WebLoader"
 
 
 def _as_list(samples: list[Any]) -> list[Any]:
@@ -73,14 +78,6 @@ class _Source:
 
     def __repr__(self) -> str:
         return f"fastload source: {self.dataset!r}"
-
-
-def _positive_or_none(name: str, value: object) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidArgumentError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 class WebDataset(DataPipeline, FluidInterface):  # type: ignore[misc]
@@ -144,7 +141,9 @@ class WebDataset(DataPipeline, FluidInterface):  # type: ignore[misc]
         else:
             dataset = open_dataset(source, shuffle=shuffle, seed=seed, **open_options)
         self.dataset = dataset
-        self.batch_size = _positive_or_none("batch_size", batch_size)
+        self.batch_size = (
+            None if batch_size is None else check_int("batch_size", batch_size, minimum=1)
+        )
         self.drop_last = bool(drop_last)
         self.rank, self.world_size = detect_rank_world(rank, world_size)
         # [epoch, start step, outputs of the start step to skip], shared with the workers.
@@ -165,9 +164,8 @@ class WebDataset(DataPipeline, FluidInterface):  # type: ignore[misc]
         ``skip_outputs`` outputs of that step (what :class:`WebLoader` resumes with). Reaches
         persistent DataLoader workers."""
         check_seed("epoch", epoch)
-        for name, value in (("start_step", start_step), ("skip_outputs", skip_outputs)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InvalidArgumentError(f"{name} must be an int >= 0, got {value!r}")
+        check_int("start_step", start_step)
+        check_int("skip_outputs", skip_outputs)
         self._control[0], self._control[1], self._control[2] = epoch, start_step, skip_outputs
 
     @property
@@ -191,11 +189,11 @@ class WebDataset(DataPipeline, FluidInterface):  # type: ignore[misc]
         return cast(WebDataset, self._batching(batchsize).compose(stage))
 
     def _batching(self, batchsize: int) -> WebDataset:
-        size = _positive_or_none("batchsize", batchsize)
+        size = check_int("batchsize", batchsize, minimum=1)
         result = copy.copy(self)
         if result.batch_size is None:
             result.batch_size = size
-        elif size is not None and size > result.batch_size:
+        elif size > result.batch_size:
             raise InvalidArgumentError(
                 f"batched({size}) on a fastload WebDataset with batch_size={result.batch_size}: "
                 f"the stages run on chunks of {result.batch_size} samples, so no batch could "
@@ -220,9 +218,12 @@ class WebDataset(DataPipeline, FluidInterface):  # type: ignore[misc]
 
     # ---- iteration -----------------------------------------------------------------------------
 
-    def _stream(self) -> Any:
-        from fastload.loader._stream import BatchStream
+    @property
+    def partition(self) -> Partition:
+        """How an epoch is cut into global steps of ``chunk_size x world_size`` samples."""
+        return Partition(self.dataset.num_samples, self.world_size, self.chunk_size, self.drop_last)
 
+    def _stream(self) -> BatchStream:
         return BatchStream(
             self.dataset,
             self.chunk_size,
@@ -304,54 +305,33 @@ class WebLoader:
         tagged._tagged = True
         self.pipeline = tagged
         self._options = dataloader_options
-        self._epoch = pipeline.epoch
-        self._step = 0
-        self._skip = 0
-        self._resume: tuple[int, int] | None = None
+        self._cursor = EpochCursor(pipeline.dataset, pipeline.partition, what="WebLoader")
+        self._cursor.set_epoch(pipeline.epoch)
 
     @property
     def epoch(self) -> int:
         """The epoch the next iteration yields."""
-        return self._epoch
-
-    def _num_steps(self) -> int:
-        from fastload.loader._partition import Partition
-
-        p = self.pipeline
-        return Partition(p.dataset.num_samples, p.world_size, p.chunk_size, p.drop_last).num_steps
+        return self._cursor.epoch
 
     def set_epoch(self, epoch: int, *, discard_resume: bool = False) -> None:
         """Iterate epoch ``epoch`` next (as :meth:`fastload.DataLoader.set_epoch`: a pending resume
         of that epoch is kept; one into the middle of another epoch is refused unless
         ``discard_resume``)."""
-        check_seed("epoch", epoch)
-        if self._resume is not None and not discard_resume:
-            if epoch == self._epoch:
-                return
-            check_pending_resume(
-                epoch,
-                pending_epoch=self._epoch,
-                pending_step=self._resume[0],
-                total_steps=self._num_steps(),
-            )
-        self._epoch, self._step, self._skip, self._resume = epoch, 0, 0, None
+        self._cursor.set_epoch(epoch, discard_resume=discard_resume)
 
     def state_dict(self) -> dict[str, Any]:
-        """The position: O(1), taken in the main process. An output counts once it is yielded."""
+        """The position: O(1), taken in the main process. An output counts once it is yielded.
+
+        The keys of :class:`fastload.DataLoader`'s state (:mod:`fastload.loader._cursor`; ``step``
+        is the global step in progress), plus ``kind``, ``outputs`` (outputs of ``step`` already
+        yielded) and ``batch_size``.
+        """
         p = self.pipeline
         return {
-            "version": STATE_VERSION,
-            "kind": "fastload.wds.WebLoader",
-            "epoch": self._epoch,
-            "step": self._step,
-            "outputs": self._skip,
-            "global_batch_size": p.chunk_size * p.world_size,
+            **self._cursor.state_dict(),
+            "kind": _KIND,
+            "outputs": self._cursor.outputs,
             "batch_size": p.chunk_size,
-            "world_size": p.world_size,
-            "drop_last": p.drop_last,
-            "num_samples": p.dataset.num_samples,
-            "dataset": p.dataset.fingerprint,
-            **p.dataset.order_options(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -361,39 +341,36 @@ class WebLoader:
             InvalidArgumentError: The state is from another dataset, order, batch size or world
                 size, or is not a WebLoader state; the message says which.
         """
-        epoch, step, _ = parse_state_position(state, version=STATE_VERSION, what="WebLoader")
-        if state.get("kind") != "fastload.wds.WebLoader":
-            raise InvalidArgumentError(
-                "not a fastload.wds.WebLoader state dict (a fastload.DataLoader state counts "
-                "batches of another pipeline); resume with the loader that saved it"
-            )
         p = self.pipeline
-        mine = {
-            "batch_size": p.chunk_size,
-            "world_size": p.world_size,
-            "drop_last": p.drop_last,
-            "num_samples": p.dataset.num_samples,
-            "dataset": p.dataset.fingerprint,
-            **p.dataset.order_options(),
-        }
-        for name, value in mine.items():
-            if state.get(name) != value:
+        outputs = state.get("outputs", 0) if isinstance(state, dict) else 0
+
+        def check(state: dict[str, Any]) -> None:
+            if state.get("kind") != _KIND:
                 raise InvalidArgumentError(
-                    f"the state was saved with {name}={state.get(name)!r}, but this loader has "
-                    f"{name}={value!r}; resume with the same dataset, order options, batch_size "
-                    "and world size"
+                    "not a fastload.wds.WebLoader state dict (a fastload.DataLoader state counts "
+                    "batches of another pipeline); resume with the loader that saved it"
                 )
-        outputs = state.get("outputs", 0)
-        if isinstance(outputs, bool) or not isinstance(outputs, int) or outputs < 0:
-            raise InvalidArgumentError(f"malformed WebLoader state: outputs={outputs!r}")
-        self._epoch, self._step, self._skip = epoch, step, outputs
-        self._resume = (step, outputs)
+            # The stages run on chunks of batch_size samples: another chunking (even with the
+            # same global batch) would give other outputs.
+            mine = {
+                "batch_size": p.chunk_size,
+                "world_size": p.world_size,
+                "drop_last": p.drop_last,
+            }
+            for name, value in mine.items():
+                if state.get(name) != value:
+                    raise InvalidArgumentError(
+                        f"the state was saved with {name}={state.get(name)!r}, but this loader "
+                        f"has {name}={value!r}; resume with the same dataset, order options, "
+                        "batch_size and world size"
+                    )
+            if isinstance(outputs, bool) or not isinstance(outputs, int) or outputs < 0:
+                raise InvalidArgumentError(f"malformed WebLoader state: outputs={outputs!r}")
+
+        self._cursor.load_state_dict(state, extra_check=check, outputs=outputs)
 
     def __iter__(self) -> Iterator[Any]:
-        start, skip = self._resume if self._resume is not None else (0, 0)
-        self._resume = None
-        epoch = self._epoch
-        self._step, self._skip = start, skip
+        epoch, start, skip = self._cursor.begin()
         self.pipeline.set_epoch(epoch, start, skip)
         loader: torch.utils.data.DataLoader[Any] = torch.utils.data.DataLoader(
             self.pipeline, batch_size=None, **self._options
@@ -403,24 +380,26 @@ class WebLoader:
     def _run(
         self, loader: torch.utils.data.DataLoader[Any], epoch: int, start: int, skip: int
     ) -> Iterator[Any]:
+        cursor = self._cursor
         expected = start
-        for item in loader:
-            step, outputs = item
-            step = int(step)
-            if step != expected:
-                raise WorkerError(
-                    f"internal error: expected the outputs of global step {expected}, got step "
-                    f"{step}; please report this"
-                )
-            expected += 1
-            done = skip if step == start else 0
-            for output in outputs:
-                done += 1
-                if self._epoch == epoch:
-                    self._step, self._skip = step, done
-                yield output
-            if self._epoch == epoch:
-                self._step, self._skip = step + 1, 0
+        try:
+            for item in loader:
+                step, outputs = item
+                step = int(step)
+                if step != expected:
+                    raise WorkerError(
+                        f"internal error: expected the outputs of global step {expected}, got "
+                        f"step {step}; please report this"
+                    )
+                expected += 1
+                done = skip if step == start else 0
+                for output in outputs:
+                    done += 1
+                    cursor.reached(epoch, step, done)
+                    yield output
+                cursor.reached(epoch, step + 1)
+        finally:
+            cursor.end()
 
     def __repr__(self) -> str:
         return f"fastload.wds.WebLoader({self.pipeline!r}, {self._options})"

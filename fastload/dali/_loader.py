@@ -34,47 +34,22 @@ from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-import numpy as np
-
+from fastload._units import check_int
 from fastload.dali._augment import AugmentFn, ImageAugment, check_augment
 from fastload.dali._backend import Device, local_rank, require_dali, resolve
-from fastload.dali._native import NativePlan
-from fastload.dali._source import BatchSource, FieldSpec
-from fastload.errors import CorruptDataError, FastloadError, InvalidArgumentError, WorkerError
-from fastload.formats import DAMAGED_SHARD_REMEDY
-from fastload.loader import STATE_VERSION, Dataset, Partition, detect_rank_world, open_dataset
-from fastload.loader._order import check_seed
-from fastload.loader._stats import LoaderStats, check_pending_resume, parse_state_position
-from fastload.storage import Store, open_store
+from fastload.dali._native import NativePlan, check_native, local_paths, native_reader
+from fastload.dali._outputs import convert_batch
+from fastload.dali._source import BatchSource, FieldSpec, resolve_dataset
+from fastload.errors import FastloadError, InvalidArgumentError, WorkerError
+from fastload.formats._base import ErrorPolicy
+from fastload.loader import Dataset, Partition, detect_rank_world
+from fastload.loader._cursor import EpochCursor
+from fastload.loader._seeds import pipeline_seed
+from fastload.storage import Store
 
 __all__ = ["DALILoader"]
 
 _READERS = ("auto", "external", "native")
-_NATIVE_FORMATS = ("webdataset", "tfrecord")
-_TAG_PIPELINE = 5  # SeedSequence domain tag for DALI pipeline seeds (see fastload.loader._order)
-
-
-def _positive(name: str, value: object, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidArgumentError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
-def _with(dataset: Dataset, **changes: Any) -> Dataset:
-    """A copy of ``dataset`` with attributes changed and its own (unopened) readers."""
-    state = dataset.__getstate__()
-    state.update(changes)
-    copy = Dataset.__new__(Dataset)
-    copy.__setstate__(state)
-    return copy
-
-
-def _cached(store: Store, cache_dir: str | os.PathLike[str], cache_bytes: int | str) -> Store:
-    from fastload.storage._cache import CachingStore
-
-    if store.has_local_paths or isinstance(store, CachingStore):
-        return store
-    return CachingStore(store, cache_dir, cache_bytes)
 
 
 class DALILoader:
@@ -164,16 +139,13 @@ class DALILoader:
         prebuild: bool = True,
     ) -> None:
         require_dali()
-        self.batch_size = _positive("batch_size", batch_size)
-        self.num_threads = _positive("num_threads", num_threads)
-        self.py_workers = _positive("py_workers", py_workers, 0)
-        self.io_threads = _positive("io_threads", io_threads, 0)
-        self.prefetch = _positive("prefetch", prefetch)
-        self.initial_fill = _positive("initial_fill", initial_fill)
-        if on_error not in ("raise", "skip", "warn"):
-            raise InvalidArgumentError(
-                f"on_error must be 'raise', 'skip' or 'warn', got {on_error!r}"
-            )
+        self.batch_size = check_int("batch_size", batch_size, minimum=1)
+        self.num_threads = check_int("num_threads", num_threads, minimum=1)
+        self.py_workers = check_int("py_workers", py_workers)
+        self.io_threads = check_int("io_threads", io_threads)
+        self.prefetch = check_int("prefetch", prefetch, minimum=1)
+        self.initial_fill = check_int("initial_fill", initial_fill, minimum=1)
+        ErrorPolicy(on_error)  # validates
         if reader not in _READERS:
             raise InvalidArgumentError(f"reader must be one of {_READERS}, got {reader!r}")
         if py_start_method not in (None, "fork", "spawn"):
@@ -189,159 +161,39 @@ class DALILoader:
         self.device_id: int | None = None
         if self.device == "gpu":
             self.device_id = device_id if device_id is not None else local_rank(self.rank)
-        self.dataset = self._open(
+        self.dataset = resolve_dataset(
             dataset, seed, shuffle, on_error, store_options, cache_dir, cache_bytes
         )
         self.reader = "external" if reader == "auto" else reader
         self._native_paths: tuple[list[str], list[str]] | None = None
         if self.reader == "native":
-            self._check_native()
+            check_native(self.dataset)
         self.partition = Partition(
             self.dataset.num_samples, self.world_size, self.batch_size, self.drop_last
         )
-        self._epoch = 0
-        self._step = 0
-        self._resume: int | None = None
-        self._iter_start = 0
-        self._iterating = False
-        self._stats = LoaderStats()
+        # Native mode shards its own way (NativePlan); its step count is the same every epoch. It
+        # goes in as a number: a callable of the loader would make a reference cycle, leaving
+        # finished pipelines to the cyclic garbage collector, and a pipeline collected while
+        # another one starts its worker processes deadlocks DALI.
+        native_steps = self.native_plan(0).num_steps if self.reader == "native" else None
+        self._cursor = EpochCursor(
+            self.dataset, self.partition, what="DALILoader", num_steps=native_steps
+        )
         self.prebuild = bool(prebuild)
         self._next: tuple[int, Future[Any]] | None = None  # (epoch, pipeline being built)
         self._builder: ThreadPoolExecutor | None = None
-
-    # ---- construction helpers ---------------------------------------------------------------
-
-    @staticmethod
-    def _open(
-        dataset: str | os.PathLike[str] | Store | Dataset,
-        seed: int | None,
-        shuffle: bool | None,
-        on_error: str,
-        store_options: Mapping[str, Any] | None,
-        cache_dir: str | os.PathLike[str] | None,
-        cache_bytes: int | str,
-    ) -> Dataset:
-        if isinstance(dataset, Dataset):
-            if store_options:
-                raise InvalidArgumentError(
-                    "store_options apply only when dataset is a URL, not a Dataset"
-                )
-            changes: dict[str, Any] = {}
-            if seed is not None and check_seed("seed", seed) != dataset.seed:
-                changes["seed"] = seed
-            if shuffle is not None and bool(shuffle) != dataset.shuffle:
-                changes["shuffle"] = bool(shuffle)
-            if on_error != dataset.on_error:
-                changes["on_error"] = on_error
-            if cache_dir is not None:
-                cached = _cached(dataset.store, cache_dir, cache_bytes)
-                if cached is not dataset.store:
-                    changes["store"] = cached
-            return _with(dataset, **changes) if changes else dataset
-        store = (
-            dataset
-            if isinstance(dataset, Store)
-            else open_store(dataset, **dict(store_options or {}))
-        )
-        if cache_dir is not None:
-            store = _cached(store, cache_dir, cache_bytes)
-        return open_dataset(
-            store,
-            shuffle=True if shuffle is None else bool(shuffle),
-            seed=0 if seed is None else seed,
-            on_error=on_error,
-        )
-
-    def _check_native(self) -> None:
-        ds = self.dataset
-        if ds.format_name not in _NATIVE_FORMATS:
-            raise InvalidArgumentError(
-                f"reader='native' reads {' and '.join(_NATIVE_FORMATS)} shards with DALI's own "
-                f"readers; {ds.url} is {ds.format_name!r} (DALI has no reader for fastload's "
-                "layout): use reader='external'"
-            )
-        for shard, key in enumerate(ds.shard_keys):
-            if ds.index_keys[shard] is None:
-                raise InvalidArgumentError(
-                    f"reader='native' needs DALI index files, but shard {ds.shard_url(shard)} has "
-                    f"none; build them with `fastload index {ds.url}` or use reader='external'"
-                )
-            if ds.format_name == "tfrecord" and not key.endswith((".tfrecord", ".tfrecords")):
-                raise InvalidArgumentError(
-                    f"DALI's TFRecord reader reads uncompressed shards only; {ds.shard_url(shard)} "
-                    "is compressed: use reader='external'"
-                )
-        from fastload.storage._cache import CachingStore
-
-        if not ds.store.has_local_paths and not isinstance(ds.store, CachingStore):
-            raise InvalidArgumentError(
-                f"reader='native' needs local files, but {ds.url} is remote: pass cache_dir= "
-                "(shards are downloaded into it) or use reader='external'"
-            )
-        if self.on_error_policy != "raise":
-            raise InvalidArgumentError(
-                "on_error='skip'/'warn' needs reader='external' (DALI's readers cannot skip)"
-            )
 
     @property
     def on_error_policy(self) -> str:
         """The dataset's corrupt-sample policy."""
         return str(self.dataset.on_error)
 
-    def _local_paths(self) -> tuple[list[str], list[str]]:
-        if self._native_paths is None:
-            ds = self.dataset
-            paths: list[str] = []
-            indexes: list[str] = []
-            for shard, key in enumerate(ds.shard_keys):
-                if ds.shard_sizes[shard] == 0:
-                    continue  # DALI rejects index files of zero samples
-                index_key = ds.index_keys[shard]
-                assert index_key is not None  # checked in _check_native
-                self._check_native_shard(shard, key, index_key)
-                for k, out in ((key, paths), (index_key, indexes)):
-                    path = ds.store.local_path(k)
-                    if path is None:
-                        raise InvalidArgumentError(
-                            f"{ds.store.child_url(k)} has no local path; pass cache_dir= or use "
-                            "reader='external'"
-                        )
-                    out.append(path)
-            self._native_paths = paths, indexes
-        return self._native_paths
-
-    def _check_native_shard(self, shard: int, key: str, index_key: str) -> None:
-        """Check a shard and its index as fastload's readers do before DALI reads them: DALI trusts
-        both, so a truncated shard or a damaged index would give wrong samples (or a crash)
-        instead of an error. Raises :class:`~fastload.errors.CorruptDataError` naming the file."""
-        ds = self.dataset
-        entry = ds.manifest.shards[shard]
-        size = ds.store.size(key)
-        if size != entry.num_bytes:
-            raise CorruptDataError(
-                f"shard has {size} bytes, the dataset manifest says {entry.num_bytes}; DALI's "
-                f"reader cannot read it safely (run `fastload verify {ds.url}`)"
-                f"{DAMAGED_SHARD_REMEDY}",
-                url=ds.shard_url(shard),
-            )
-        reader = ds.format.reader(
-            ds.store,
-            key,
-            index_key=index_key,
-            num_samples=entry.num_samples,
-            num_bytes=entry.num_bytes,
-        )
-        try:
-            len(reader)  # parses the index and checks it against the shard and the manifest
-        finally:
-            reader.close()
-
     # ---- epochs and state -------------------------------------------------------------------
 
     @property
     def epoch(self) -> int:
         """The epoch the loader iterates (set with :meth:`set_epoch`)."""
-        return self._epoch
+        return self._cursor.epoch
 
     @property
     def global_batch_size(self) -> int:
@@ -355,57 +207,33 @@ class DALILoader:
             self.world_size,
             self.batch_size,
             self.rank,
-            self._epoch if epoch is None else epoch,
+            self.epoch if epoch is None else epoch,
             self.drop_last,
         )
-
-    def _num_steps(self) -> int:
-        if self.reader == "native":
-            return self.native_plan().num_steps
-        return self.partition.num_steps
 
     def set_epoch(self, epoch: int, *, discard_resume: bool = False) -> None:
         """Iterate epoch ``epoch`` next (changes the order and the augmentation draws).
 
-        After :meth:`load_state_dict`, ``set_epoch`` with the saved epoch keeps the resume point.
-        Another epoch while a mid-epoch resume is pending raises, as in
-        :meth:`fastload.DataLoader.set_epoch`, unless ``discard_resume=True``.
+        As :meth:`fastload.DataLoader.set_epoch`: after :meth:`load_state_dict`, the saved epoch
+        keeps the resume point; another epoch while a mid-epoch resume is pending raises unless
+        ``discard_resume=True`` (which also drops a resume of the saved epoch).
 
         Raises:
             InvalidArgumentError: The call would silently drop a pending mid-epoch resume.
         """
-        check_seed("epoch", epoch)
-        if epoch == self._epoch and self._resume is not None:
-            return
-        if not discard_resume:
-            check_pending_resume(
-                epoch,
-                pending_epoch=self._epoch,
-                pending_step=self._resume,
-                total_steps=self._num_steps(),
-            )
-        self._epoch, self._step, self._resume = epoch, 0, None
+        self._cursor.set_epoch(epoch, discard_resume=discard_resume)
 
     def __len__(self) -> int:
-        start = self._iter_start if self._iterating else (self._resume or 0)
-        return max(0, self._num_steps() - start)
+        return self._cursor.remaining()
 
     def state_dict(self) -> dict[str, Any]:
         """The resumable position (O(1)): epoch and global steps handed to the training loop.
 
-        In external mode the layout is :class:`fastload.DataLoader`'s, and either loader can
-        resume from the other's state.
+        In external mode the layout is :class:`fastload.DataLoader`'s (dataset fingerprint
+        included, :mod:`fastload.loader._cursor`), and either loader resumes from the other's
+        state. Native mode adds ``reader`` and ``initial_fill``.
         """
-        state: dict[str, Any] = {
-            "version": STATE_VERSION,
-            "epoch": self._epoch,
-            "step": self._step,
-            "global_batch_size": self.partition.global_batch_size,
-            "num_samples": self.partition.num_samples,
-            "world_size": self.world_size,
-            "drop_last": self.drop_last,
-            **self.dataset.order_options(),
-        }
+        state = self._cursor.state_dict()
         if self.reader == "native":
             state["reader"] = "native"
             state["initial_fill"] = self.initial_fill
@@ -415,25 +243,23 @@ class DALILoader:
         """Continue from ``state`` (from :meth:`state_dict` or :class:`fastload.DataLoader`).
 
         External mode: the world size may differ when the global batch size is the same. Native
-        mode: the world size, batch size and shuffle buffer must be the same.
+        mode: the world size, batch size and shuffle buffer must be the same. A state without a
+        dataset fingerprint (saved by an older DALILoader) is checked by its sample count and
+        order options only.
 
         Raises:
             InvalidArgumentError: The state belongs to another dataset, order, global batch size
                 or reader mode; the message says which.
         """
-        epoch, step, saved_g = parse_state_position(state, version=STATE_VERSION, what="DALILoader")
+        self._cursor.load_state_dict(state, extra_check=self._check_reader)
+
+    def _check_reader(self, state: dict[str, Any]) -> None:
+        """Refuse a state of the other reader mode, and a native one of another sharding."""
         saved_reader = state.get("reader", "external")
         if saved_reader != self.reader:
             raise InvalidArgumentError(
                 f"the state was saved by a loader with reader={saved_reader!r}, this one has "
                 f"reader={self.reader!r}; their orders differ, so it cannot resume exactly"
-            )
-        g = self.partition.global_batch_size
-        if saved_g != g:
-            raise InvalidArgumentError(
-                f"the state was saved with a global batch size of {saved_g} (batch_size x "
-                f"world_size), this loader has {self.batch_size} x {self.world_size} = {g}; "
-                "resuming exactly needs the same global batch size"
             )
         if self.reader == "native" and (
             state.get("world_size") != self.world_size
@@ -444,24 +270,8 @@ class DALILoader:
                 f"(saved {state.get('world_size')}/{state.get('initial_fill')}, now "
                 f"{self.world_size}/{self.initial_fill}); use reader='external' for elastic resume"
             )
-        if state.get("num_samples") != self.partition.num_samples:
-            raise InvalidArgumentError(
-                f"the state is for a dataset of {state.get('num_samples')} samples, but "
-                f"{self.dataset.url} has {self.partition.num_samples}; resume on the same dataset"
-            )
-        for name, value in self.dataset.order_options().items():
-            if name in state and state[name] != value:
-                raise InvalidArgumentError(
-                    f"the state was saved with {name}={state[name]!r} but this loader has "
-                    f"{name}={value!r}; use the same order options to resume"
-                )
-        self._epoch, self._step, self._resume = epoch, step, step
 
     # ---- pipelines --------------------------------------------------------------------------
-
-    def _pipeline_seed(self, epoch: int) -> int:
-        state = np.random.SeedSequence([self.dataset.seed, epoch, _TAG_PIPELINE]).generate_state(1)
-        return int(state[0]) & 0x7FFFFFFF
 
     def _start_method(self) -> str:
         """``fork`` unless CUDA is initialised in this process (by torch, or by an earlier GPU
@@ -486,7 +296,7 @@ class DALILoader:
             batch_size=self.batch_size,
             num_threads=self.num_threads,
             device_id=self.device_id,
-            seed=self._pipeline_seed(epoch),
+            seed=pipeline_seed(self.dataset.seed, epoch),
             prefetch_queue_depth=self.prefetch,
             py_num_workers=max(1, self.py_workers),
             py_start_method=self._start_method(),
@@ -517,7 +327,17 @@ class DALILoader:
                     **parallel,
                 )
             else:
-                images, labels = self._native_reader(fn, types, epoch)
+                if self._native_paths is None:
+                    self._native_paths = local_paths(self.dataset)
+                images, labels = native_reader(
+                    fn,
+                    self.dataset,
+                    self.fields,
+                    self.native_plan(epoch),
+                    self._native_paths,
+                    initial_fill=self.initial_fill,
+                    seed=pipeline_seed(self.dataset.seed, epoch),
+                )
                 meta = images.shape(dtype=types.INT64)
             outputs = self.augment(images, labels, device=self.device)
             if not isinstance(outputs, (tuple, list)):
@@ -533,52 +353,15 @@ class DALILoader:
             ) from exc
         return pipe
 
-    def _native_reader(self, fn: Any, types: Any, epoch: int) -> tuple[Any, Any]:
-        paths, indexes = self._local_paths()
-        plan = self.native_plan(epoch)
-        common: dict[str, Any] = {
-            **plan.options(),
-            "random_shuffle": self.dataset.shuffle,
-            "initial_fill": self.initial_fill,
-            "seed": self._pipeline_seed(epoch),
-            "name": "Reader",
-        }
-        if self.dataset.format_name == "webdataset":
-            images, labels = fn.readers.webdataset(
-                paths=paths,
-                index_paths=indexes,
-                ext=[";".join(self.fields.image), ";".join(self.fields.label)],
-                missing_component_behavior="error",
-                **common,
-            )
-            return images, labels
-        schema = self.dataset.manifest.schema
-        image = next((f for f in self.fields.image if f in schema), self.fields.image[0])
-        label = next((f for f in self.fields.label if f in schema), self.fields.label[0])
-        tfrec = require_dali().tfrecord
-        out = fn.readers.tfrecord(
-            path=paths,
-            index_path=indexes,
-            features={
-                image: tfrec.FixedLenFeature((), tfrec.string, ""),
-                label: tfrec.FixedLenFeature([1], tfrec.int64, -1),
-            },
-            **common,
-        )
-        return out[image], out[label]
-
     # ---- iteration --------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
-        start = self._resume if self._resume is not None else 0
-        self._resume = None
-        self._step = start
-        self._iter_start = start
-        self._iterating = True
-        return self._run(self._epoch, start)
+        epoch, start, _ = self._cursor.begin()
+        return self._run(epoch, start)
 
     def _run(self, epoch: int, start: int) -> Iterator[tuple[Any, ...]]:
-        stats = self._stats
+        cursor = self._cursor
+        stats = cursor.stats
         native = self.reader == "native"
         plan = self.native_plan(epoch) if native else None
         steps = plan.num_steps if plan is not None else self.partition.num_steps
@@ -614,7 +397,9 @@ class DALILoader:
                     ) from exc
                 if step < start:
                     continue
-                batch, size, padded, nbytes = self._convert(outputs, step, plan)
+                batch, size, padded, nbytes = convert_batch(
+                    outputs, step, plan, device=self.device, device_id=self.device_id
+                )
                 now = time.perf_counter()
                 stats.stall += now - t0
                 skipped = 0
@@ -624,11 +409,10 @@ class DALILoader:
                 stats.add(size=size, nbytes=nbytes, padded=padded, skipped=skipped)
                 stats.elapsed += now - began
                 began = now
-                if self._epoch == epoch:
-                    self._step = step + 1
+                cursor.reached(epoch, step + 1)
                 yield batch
         finally:
-            self._iterating = False
+            cursor.end()
             if pipe is not None:
                 _shutdown(pipe)
 
@@ -665,52 +449,7 @@ class DALILoader:
         state = self.__dict__.copy()
         state["_next"] = None
         state["_builder"] = None
-        state["_iterating"] = False
         return state
-
-    def _convert(
-        self, outputs: Sequence[Any], step: int, plan: NativePlan | None
-    ) -> tuple[tuple[Any, ...], int, int, int]:
-        """Torch tensors of one batch, and its (size, padded rows, bytes)."""
-        *data, meta = outputs
-        metas = _to_numpy(meta)
-        if plan is None:
-            rows = len(metas)
-            keep: int | None = None
-            padded = int(metas[:, 2].sum()) if rows else 0
-            nbytes = int(metas[:, 1].sum()) if rows else 0
-        else:
-            keep, padded = plan.kept_rows(step)
-            rows = keep
-            nbytes = int(metas[:keep].sum())
-        converted = []
-        for position, tl in enumerate(data):
-            value = self._to_torch(tl, label=position == 1)
-            if keep is not None:
-                value = value[:keep]
-            converted.append(value)
-        return tuple(converted), rows, padded, nbytes
-
-    def _to_torch(self, tl: Any, *, label: bool) -> Any:
-        import torch
-
-        if self.device == "gpu" and _on_gpu(tl):
-            return _gpu_tensor(tl, self.device_id or 0)
-        if tl.is_dense_tensor():
-            arr = np.array(tl.as_tensor())
-        else:
-            items = [np.array(tl[i]) for i in range(len(tl))]
-            if not label:
-                return [torch.from_numpy(a) for a in items]
-            arr = np.array([_parse_label(a) for a in items], dtype=np.int64)
-        if label and arr.dtype == np.uint8:  # native webdataset: the label field's ASCII bytes
-            arr = np.array([_parse_label(a) for a in arr], dtype=np.int64)
-        if label and arr.ndim == 2 and arr.shape[1] == 1:
-            arr = arr.reshape(-1)
-        tensor = torch.from_numpy(arr)
-        if label and self.device == "gpu":
-            tensor = tensor.to(f"cuda:{self.device_id or 0}", non_blocking=True)
-        return tensor
 
     # ---- statistics -------------------------------------------------------------------------
 
@@ -718,19 +457,19 @@ class DALILoader:
         """Counters since the loader was made (or :meth:`reset_stats`); the keys and meanings of
         :meth:`fastload.DataLoader.stats` (``bytes`` counts the image field only in native
         mode; ``data_stall_s`` is the time spent waiting for DALI's next batch)."""
-        dropped = self.native_plan().dropped if self.reader == "native" else self.partition.dropped
-        return self._stats.report(dropped_per_epoch=dropped, epoch=self._epoch, step=self._step)
+        native = self.reader == "native"
+        return self._cursor.report(dropped_per_epoch=self.native_plan().dropped if native else None)
 
     def reset_stats(self) -> None:
         """Zero the counters of :meth:`stats`."""
-        self._stats = LoaderStats()
+        self._cursor.reset_stats()
 
     def __repr__(self) -> str:
         return (
             f"fastload.dali.DALILoader({self.dataset!r}, batch_size={self.batch_size}, "
             f"device={self.device!r}, reader={self.reader!r}, rank={self.rank}, "
-            f"world_size={self.world_size}, drop_last={self.drop_last}, epoch={self._epoch}, "
-            f"step={self._step})"
+            f"world_size={self.world_size}, drop_last={self.drop_last}, epoch={self.epoch}, "
+            f"step={self._cursor.step})"
         )
 
 
@@ -748,47 +487,3 @@ def _discard(future: Future[Any]) -> None:
     """Shut down a pipeline built for nothing (done-callback of a prebuild)."""
     if not future.cancelled() and future.exception() is None:
         _shutdown(future.result())
-
-
-def _on_gpu(tl: Any) -> bool:
-    backend: Any = require_dali().backend
-    return isinstance(tl, backend.TensorListGPU)
-
-
-def _to_numpy(tl: Any) -> Any:
-    if _on_gpu(tl):
-        tl = tl.as_cpu()
-    if len(tl) == 0:
-        return np.zeros((0, 3), dtype=np.int64)
-    return np.array(tl.as_tensor())
-
-
-def _parse_label(data: Any) -> int:
-    text = bytes(np.asarray(data, dtype=np.uint8)).decode("ascii", "replace").strip()
-    try:
-        return int(text)
-    except ValueError:
-        raise WorkerError(
-            f"label bytes {text!r} are not an integer; DALI pipelines take integer labels (cls)"
-        ) from None
-
-
-def _gpu_tensor(tl: Any, device_index: int) -> Any:
-    import importlib
-
-    import torch
-
-    plugin: Any = importlib.import_module("nvidia.dali.plugin.pytorch")
-    feed_ndarray, to_torch_type = plugin.feed_ndarray, plugin.to_torch_type
-
-    if not tl.is_dense_tensor():
-        raise WorkerError(
-            "a GPU output of the augmentation has samples of different shapes; resize or crop "
-            "to a fixed size so the batch is one tensor"
-        )
-    tensor = tl.as_tensor()
-    device = torch.device("cuda", device_index)
-    out = torch.empty(tensor.shape(), dtype=to_torch_type[tl.dtype], device=device)
-    stream = torch.cuda.current_stream(device)
-    feed_ndarray(tl, out, cuda_stream=stream)
-    return out

@@ -31,9 +31,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fastload.errors import InvalidArgumentError
+from fastload.dali._backend import require_dali
+from fastload.dali._source import FieldSpec
+from fastload.errors import CorruptDataError, InvalidArgumentError
+from fastload.formats import DAMAGED_SHARD_REMEDY
+from fastload.loader import Dataset
+from fastload.storage import CachingStore
 
-__all__ = ["NativePlan"]
+__all__ = ["NativePlan", "check_native", "check_shard", "local_paths", "native_reader"]
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -118,3 +123,145 @@ class NativePlan:
             "pad_last_batch": True,
             "stick_to_shard": True,
         }
+
+
+_NATIVE_FORMATS = ("webdataset", "tfrecord")
+
+
+def check_native(dataset: Dataset) -> None:
+    """Refuse, before any pipeline is built, a dataset DALI's readers cannot read exactly: another
+    format, shards without indexes, compressed TFRecord shards, remote shards without a cache, or
+    an ``on_error`` policy other than ``raise`` (DALI's readers cannot skip).
+
+    Raises:
+        InvalidArgumentError: Naming what is missing and the remedy (often ``reader='external'``).
+    """
+    ds = dataset
+    if ds.format_name not in _NATIVE_FORMATS:
+        raise InvalidArgumentError(
+            f"reader='native' reads {' and '.join(_NATIVE_FORMATS)} shards with DALI's own "
+            f"readers; {ds.url} is {ds.format_name!r} (DALI has no reader for fastload's "
+            "layout): use reader='external'"
+        )
+    for shard, key in enumerate(ds.shard_keys):
+        if ds.index_keys[shard] is None:
+            raise InvalidArgumentError(
+                f"reader='native' needs DALI index files, but shard {ds.shard_url(shard)} has "
+                f"none; build them with `fastload index {ds.url}` or use reader='external'"
+            )
+        if ds.format_name == "tfrecord" and not key.endswith((".tfrecord", ".tfrecords")):
+            raise InvalidArgumentError(
+                f"DALI's TFRecord reader reads uncompressed shards only; {ds.shard_url(shard)} "
+                "is compressed: use reader='external'"
+            )
+    if not ds.store.has_local_paths and not isinstance(ds.store, CachingStore):
+        raise InvalidArgumentError(
+            f"reader='native' needs local files, but {ds.url} is remote: pass cache_dir= "
+            "(shards are downloaded into it) or use reader='external'"
+        )
+    if ds.on_error != "raise":
+        raise InvalidArgumentError(
+            "on_error='skip'/'warn' needs reader='external' (DALI's readers cannot skip)"
+        )
+
+
+def local_paths(dataset: Dataset) -> tuple[list[str], list[str]]:
+    """Local paths of the (non-empty) shards and of their indexes, each shard checked first (see
+    :func:`check_shard`); a cached store downloads them now. Call after :func:`check_native`."""
+    ds = dataset
+    paths: list[str] = []
+    indexes: list[str] = []
+    for shard, key in enumerate(ds.shard_keys):
+        if ds.shard_sizes[shard] == 0:
+            continue  # DALI rejects index files of zero samples
+        index_key = ds.index_keys[shard]
+        if index_key is None:
+            raise InvalidArgumentError(
+                f"shard {ds.shard_url(shard)} has no index; see check_native"
+            )
+        check_shard(ds, shard, key, index_key)
+        for k, out in ((key, paths), (index_key, indexes)):
+            path = ds.store.local_path(k)
+            if path is None:
+                raise InvalidArgumentError(
+                    f"{ds.store.child_url(k)} has no local path; pass cache_dir= or use "
+                    "reader='external'"
+                )
+            out.append(path)
+    return paths, indexes
+
+
+def check_shard(dataset: Dataset, shard: int, key: str, index_key: str) -> None:
+    """Check a shard and its index as fastload's readers do before DALI reads them: DALI trusts
+    both, so a truncated shard or a damaged index would give wrong samples (or a crash)
+    instead of an error.
+
+    Raises:
+        CorruptDataError: Naming the file.
+    """
+    ds = dataset
+    entry = ds.manifest.shards[shard]
+    size = ds.store.size(key)
+    if size != entry.num_bytes:
+        raise CorruptDataError(
+            f"shard has {size} bytes, the dataset manifest says {entry.num_bytes}; DALI's "
+            f"reader cannot read it safely (run `fastload verify {ds.url}`)"
+            f"{DAMAGED_SHARD_REMEDY}",
+            url=ds.shard_url(shard),
+        )
+    reader = ds.format.reader(
+        ds.store,
+        key,
+        index_key=index_key,
+        num_samples=entry.num_samples,
+        num_bytes=entry.num_bytes,
+    )
+    try:
+        len(reader)  # parses the index and checks it against the shard and the manifest
+    finally:
+        reader.close()
+
+
+def native_reader(
+    fn: Any,
+    dataset: Dataset,
+    fields: FieldSpec,
+    plan: NativePlan,
+    files: tuple[list[str], list[str]],
+    *,
+    initial_fill: int,
+    seed: int,
+) -> tuple[Any, Any]:
+    """The ``(images, labels)`` DataNodes of DALI's reader for ``dataset``'s format, sharded by
+    ``plan``, over ``files`` (:func:`local_paths`); ``fn`` is ``nvidia.dali.fn``."""
+    paths, indexes = files
+    common: dict[str, Any] = {
+        **plan.options(),
+        "random_shuffle": dataset.shuffle,
+        "initial_fill": initial_fill,
+        "seed": seed,
+        "name": "Reader",
+    }
+    if dataset.format_name == "webdataset":
+        images, labels = fn.readers.webdataset(
+            paths=paths,
+            index_paths=indexes,
+            ext=[";".join(fields.image), ";".join(fields.label)],
+            missing_component_behavior="error",
+            **common,
+        )
+        return images, labels
+    schema = dataset.manifest.schema
+    image = next((f for f in fields.image if f in schema), fields.image[0])
+    label = next((f for f in fields.label if f in schema), fields.label[0])
+    tfrec = require_dali().tfrecord
+    out = fn.readers.tfrecord(
+        path=paths,
+        index_path=indexes,
+        features={
+            image: tfrec.FixedLenFeature((), tfrec.string, ""),
+            label: tfrec.FixedLenFeature([1], tfrec.int64, -1),
+        },
+        **common,
+    )
+    return out[image], out[label]

@@ -3,10 +3,9 @@
 :class:`BatchSource` is the callable given to ``fn.external_source(batch=True, batch_info=True,
 parallel=True)``. For DALI iteration ``i`` it produces the batch of global step
 ``start_step + i`` of this rank: the epoch positions come from
-:meth:`~fastload.loader.Partition.rank_range` (padding repeats positions by
-:meth:`~fastload.loader.Partition.source_position`), the samples from the epoch's
-:class:`~fastload.loader.EpochOrder` — the same arithmetic as :class:`fastload.DataLoader`, so
-both deliver the same samples per rank and step. After the last step it raises ``StopIteration``,
+:meth:`~fastload.loader.Partition.positions` (with the padding rows), the samples from the
+epoch's :class:`~fastload.loader.EpochOrder`: the arithmetic :class:`fastload.DataLoader`'s
+stream uses, so both deliver the same samples per rank and step. After the last step it raises ``StopIteration``,
 which ends DALI's epoch.
 
 It is a pure function of (dataset, partition, rank, epoch, start step, iteration): DALI may call
@@ -17,24 +16,78 @@ reopens its readers in each process), so ``fork`` and ``spawn`` both work.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from fastload.errors import FormatError, WorkerError
+from fastload._lazy import PerProcess
+from fastload.errors import FormatError, InvalidArgumentError, WorkerError
 from fastload.formats import decode_field
-from fastload.loader import Dataset, EpochOrder, Partition
-from fastload.loader._dataset import sample_nbytes
+from fastload.loader import Dataset, Partition, open_dataset
+from fastload.loader._seeds import check_seed
+from fastload.loader._shards import sample_nbytes
+from fastload.storage import CachingStore, Store, open_store
 
-__all__ = ["META_COLUMNS", "BatchSource", "FieldSpec", "plan_step"]
+__all__ = ["META_COLUMNS", "BatchSource", "FieldSpec", "resolve_dataset"]
 
 IntArray = npt.NDArray[np.int64]
 
 #: Columns of the per-sample metadata output: dataset index, raw field bytes, 1 if padding.
 META_COLUMNS = ("index", "nbytes", "padded")
+
+
+def resolve_dataset(
+    dataset: str | os.PathLike[str] | Store | Dataset,
+    seed: int | None,
+    shuffle: bool | None,
+    on_error: str,
+    store_options: Mapping[str, Any] | None,
+    cache_dir: str | os.PathLike[str] | None,
+    cache_bytes: int | str,
+) -> Dataset:
+    """The dataset a ``DALILoader`` reads: ``dataset`` itself, or a copy with the loader's
+    overrides (``seed``/``shuffle`` ``None`` keep the dataset's), or one opened from a URL or
+    store (shuffled, seed 0 by default); remote shards go through a cache in ``cache_dir``."""
+    if isinstance(dataset, Dataset):
+        if store_options:
+            raise InvalidArgumentError(
+                "store_options apply only when dataset is a URL, not a Dataset"
+            )
+        changes: dict[str, Any] = {}
+        if seed is not None and check_seed("seed", seed) != dataset.seed:
+            changes["seed"] = seed
+        if shuffle is not None and bool(shuffle) != dataset.shuffle:
+            changes["shuffle"] = bool(shuffle)
+        if on_error != dataset.on_error:
+            changes["on_error"] = on_error
+        if cache_dir is not None:
+            cached = _cached(dataset.store, cache_dir, cache_bytes)
+            if cached is not dataset.store:
+                changes["store"] = cached
+        return dataset.replace(**changes) if changes else dataset
+    store = (
+        dataset if isinstance(dataset, Store) else open_store(dataset, **dict(store_options or {}))
+    )
+    if cache_dir is not None:
+        store = _cached(store, cache_dir, cache_bytes)
+    return open_dataset(
+        store,
+        shuffle=True if shuffle is None else bool(shuffle),
+        seed=0 if seed is None else seed,
+        on_error=on_error,
+    )
+
+
+def _cached(store: Store, cache_dir: str | os.PathLike[str], cache_bytes: int | str) -> Store:
+    """``store`` behind a disk cache, unless its objects are local files already."""
+    if store.has_local_paths or isinstance(store, CachingStore):
+        return store
+    return CachingStore(store, cache_dir, cache_bytes)
 
 
 @dataclass(frozen=True)
@@ -47,8 +100,6 @@ class FieldSpec:
 
     @classmethod
     def parse(cls, fields: tuple[str, str] | list[str]) -> FieldSpec:
-        from fastload.errors import InvalidArgumentError
-
         if isinstance(fields, str) or len(fields) != 2:
             raise InvalidArgumentError(
                 f"fields must be (image field, label field), e.g. ('jpg;png', 'cls'), got {fields!r}"
@@ -64,19 +115,6 @@ class FieldSpec:
             if name in sample:
                 return name, sample[name]
         return None
-
-
-def plan_step(
-    partition: Partition, order: EpochOrder, step: int, rank: int
-) -> tuple[IntArray, npt.NDArray[np.bool_]]:
-    """Dataset indices of rank ``rank``'s batch at global ``step``, and which rows are padding."""
-    start, stop = partition.rank_range(step, rank)
-    n = partition.num_samples
-    positions = np.arange(start, stop, dtype=np.int64)
-    pad = positions >= n
-    if pad.any():
-        positions[pad] = (positions[pad] - n) % n
-    return order.indices(positions), pad
 
 
 class BatchSource:
@@ -115,27 +153,14 @@ class BatchSource:
         self.start_step = start_step
         self.fields = fields
         self.io_threads = io_threads
-        self._order: EpochOrder | None = None
-        self._pool: ThreadPoolExecutor | None = None
-        self._pid = -1
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_order"] = None
-        state["_pool"] = None
-        state["_pid"] = -1
-        return state
-
-    def _setup(self) -> EpochOrder:
-        if self._pid != os.getpid() or self._order is None:
-            self._pid = os.getpid()
-            self._order = self.dataset.order(self.epoch)
-            self._pool = ThreadPoolExecutor(self.io_threads) if self.io_threads > 0 else None
-        return self._order
+        # Made once in each process that DALI calls this from (the epoch order caches windows).
+        self._order = PerProcess(partial(dataset.order, epoch))
+        self._pool = PerProcess(partial(ThreadPoolExecutor, io_threads)) if io_threads > 0 else None
 
     def plan(self, step: int) -> tuple[IntArray, npt.NDArray[np.bool_]]:
         """Dataset indices and padding flags of this rank's batch at global ``step``."""
-        return plan_step(self.partition, self._setup(), step, self.rank)
+        positions, pad = self.partition.positions(step, self.rank)
+        return self._order.get().indices(positions), pad
 
     def __call__(self, info: Any) -> tuple[list[Any], list[Any], list[Any]]:
         step = self.start_step + int(info.iteration)
@@ -147,7 +172,7 @@ class BatchSource:
         items = [(int(s), int(p)) for s, p in zip(shards.tolist(), positions.tolist())]
         where = f"rank {self.rank}, epoch {self.epoch}, global step {step}"
         if self._pool is not None and len(items) > 1:
-            raws = list(self._pool.map(lambda sp: self._read(sp, where), items))
+            raws = list(self._pool.get().map(lambda sp: self._read(sp, where), items))
         else:
             raws = [self._read(sp, where) for sp in items]
         images: list[Any] = []

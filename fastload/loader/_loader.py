@@ -30,7 +30,6 @@ iteration starts fresh ones (also with ``persistent_workers``).
 
 from __future__ import annotations
 
-import copy
 import logging
 import re
 import signal
@@ -41,21 +40,19 @@ from typing import Any
 import torch
 import torch.utils.data
 
+from fastload._units import check_int
 from fastload.errors import FastloadError, InvalidArgumentError, WorkerError
 from fastload.loader._collate import BufferReleaser
-from fastload.loader._dataset import Dataset, _ReaderCache
+from fastload.loader._cursor import EpochCursor
+from fastload.loader._dataset import Dataset
 from fastload.loader._device import prefetch_to_device, resolve_device
-from fastload.loader._order import check_seed
 from fastload.loader._partition import Partition
-from fastload.loader._stats import LoaderStats, check_pending_resume, parse_state_position
-from fastload.loader._stream import BatchMeta, BatchStream, WorkerProgress
+from fastload.loader._progress import WorkerProgress
+from fastload.loader._stream import BatchMeta, BatchStream
 
-__all__ = ["STATE_VERSION", "DataLoader"]
+__all__ = ["DataLoader"]
 
 log = logging.getLogger("fastload.loader")
-
-#: Version of the ``state_dict()`` layout.
-STATE_VERSION = 1
 
 
 def _exit_codes(torch_iter: Any) -> dict[int, int | None]:
@@ -167,17 +164,10 @@ class DataLoader:
             raise InvalidArgumentError(
                 "in_order=False is not supported: exact resumption needs batches in step order"
             )
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-            raise InvalidArgumentError(f"num_workers must be an int >= 0, got {num_workers!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise InvalidArgumentError(
-                f"batch_size must be a positive int (samples per batch on this rank), got "
-                f"{batch_size!r}"
-            )
+        num_workers = check_int("num_workers", num_workers)
+        batch_size = check_int("batch_size", batch_size, minimum=1)
         if shuffle is not None and bool(shuffle) != dataset.shuffle:
-            dataset = copy.copy(dataset)
-            dataset.shuffle = bool(shuffle)
-            dataset._readers = _ReaderCache(dataset.max_open_shards)
+            dataset = dataset.replace(shuffle=bool(shuffle))
         self.dataset = dataset
         self.batch_size = batch_size
         self.num_workers = num_workers
@@ -220,17 +210,11 @@ class DataLoader:
             torch_kwargs["prefetch_factor"] = prefetch_factor
         self._torch_kwargs = torch_kwargs
         self._torch: torch.utils.data.DataLoader[Any] | None = None
-        self._epoch = 0
-        self._step = 0  # global steps of self._epoch consumed by the training loop
-        self._resume: int | None = None  # start step of the next iteration, from load_state_dict
-        self._iter_start = 0
-        self._iterating = False
-        self._stats = LoaderStats()
+        self._cursor = EpochCursor(dataset, self._stream.partition, what="DataLoader")
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_torch"] = None  # holds worker processes; rebuilt on first iteration
-        state["_iterating"] = False
         state["_releaser"] = None  # weak references of this process; rebuilt below
         return state
 
@@ -249,7 +233,7 @@ class DataLoader:
     @property
     def epoch(self) -> int:
         """The epoch the loader iterates (set with :meth:`set_epoch`)."""
-        return self._epoch
+        return self._cursor.epoch
 
     @property
     def global_batch_size(self) -> int:
@@ -272,92 +256,41 @@ class DataLoader:
                 and not yet iterated) and ``discard_resume`` is false: moving on would silently
                 skip the rest of that epoch. The message says which epoch and step were pending.
         """
-        check_seed("epoch", epoch)
-        if self._resume is not None and not discard_resume:
-            if epoch == self._epoch:
-                return
-            check_pending_resume(
-                epoch,
-                pending_epoch=self._epoch,
-                pending_step=self._resume,
-                total_steps=self.partition.remaining_steps(0),
-            )
-        self._epoch, self._step, self._resume = epoch, 0, None
+        self._cursor.set_epoch(epoch, discard_resume=discard_resume)
 
     def __len__(self) -> int:
-        start = self._iter_start if self._iterating else (self._resume or 0)
-        return int(self.partition.remaining_steps(start))
+        return self._cursor.remaining()
 
     def state_dict(self) -> dict[str, Any]:
-        """The resumable position: small, O(1) in the dataset size, taken in the main process.
+        """The resumable position: small, O(1) in the dataset size, taken in the main process
+        (the layout: :mod:`fastload.loader._cursor`).
 
         ``step`` counts the global steps of ``epoch`` whose batches this loader has handed to the
         training loop (a batch counts once it is yielded).
         """
-        return {
-            "version": STATE_VERSION,
-            "epoch": self._epoch,
-            "step": self._step,
-            "global_batch_size": self.partition.global_batch_size,
-            "num_samples": self.partition.num_samples,
-            "world_size": self.world_size,
-            "drop_last": self.drop_last,
-            "dataset": self.dataset.fingerprint,
-            **self.dataset.order_options(),
-        }
+        return self._cursor.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (from :meth:`state_dict`, possibly of another job size).
+        """Continue from ``state`` (from :meth:`state_dict`, possibly of another job size, or
+        from a ``fastload.dali.DALILoader`` in external mode).
 
         Raises:
             InvalidArgumentError: The state is from another dataset or order (sample count, seed,
                 shuffle options), a different global batch size, or an unknown version; the
                 message says which and how to fix it.
         """
-        epoch, step, saved_g = parse_state_position(state, version=STATE_VERSION, what="DataLoader")
-        g = self.partition.global_batch_size
-        if saved_g != g:
-            raise InvalidArgumentError(
-                f"the state was saved with a global batch size of {saved_g} "
-                f"(batch_size x world_size), but this loader has {self.batch_size} x "
-                f"{self.world_size} = {g}. Resuming exactly needs the same global batch size: use "
-                f"batch_size={saved_g // self.world_size if saved_g % self.world_size == 0 else '?'}"
-                f" with world_size={self.world_size}"
-                + ("" if saved_g % self.world_size == 0 else " (not divisible: change world size)")
-            )
-        if state.get("num_samples") != self.partition.num_samples:
-            raise InvalidArgumentError(
-                f"the state is for a dataset of {state.get('num_samples')} samples, but "
-                f"{self.dataset.url} has {self.partition.num_samples}; resume on the same dataset"
-            )
-        if "dataset" in state and state["dataset"] != self.dataset.fingerprint:
-            raise InvalidArgumentError(
-                f"the state was saved on another dataset (shard list fingerprint "
-                f"{state['dataset']!r}, {self.dataset.url} has {self.dataset.fingerprint!r}: "
-                "shard names, sample counts or checksums differ); resume on the same dataset"
-            )
-        for name, value in self.dataset.order_options().items():
-            if name in state and state[name] != value:
-                raise InvalidArgumentError(
-                    f"the state was saved with {name}={state[name]!r} but this dataset has "
-                    f"{name}={value!r}; open the dataset with the same order options to resume"
-                )
-        self._epoch, self._step, self._resume = epoch, step, step
+        self._cursor.load_state_dict(state)
 
     # ---- iteration --------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
-        start = self._resume if self._resume is not None else 0
-        self._resume = None
-        epoch = self._epoch
-        self._step = start
-        self._iter_start = start
+        epoch, start, _ = self._cursor.begin()
         self._stream.set_epoch(epoch, start)
-        self._iterating = True
         return self._run(epoch, start)
 
     def _run(self, epoch: int, start: int) -> Iterator[Any]:
-        stats = self._stats
+        cursor = self._cursor
+        stats = cursor.stats
         began = time.perf_counter()
         if self._torch is None:
             self._torch = torch.utils.data.DataLoader(self._stream, **self._torch_kwargs)
@@ -399,11 +332,10 @@ class DataLoader:
                 )
                 stats.elapsed += now - began
                 began = now
-                if self.epoch == epoch:
-                    self._step = meta.step + 1
+                cursor.reached(epoch, meta.step + 1)
                 yield batch
         finally:
-            self._iterating = False
+            cursor.end()
 
     def _abandon(self, torch_iter: Iterator[Any]) -> None:
         """Shut down the workers of a failed iteration now (the exception's traceback would keep
@@ -491,17 +423,15 @@ class DataLoader:
     def stats(self) -> dict[str, float | int]:
         """Counters since the loader was made (or since :meth:`reset_stats`); see
         :meth:`fastload.loader._stats.LoaderStats.report` for the keys."""
-        return self._stats.report(
-            dropped_per_epoch=self.partition.dropped, epoch=self._epoch, step=self._step
-        )
+        return self._cursor.report()
 
     def reset_stats(self) -> None:
         """Zero the counters of :meth:`stats`."""
-        self._stats = LoaderStats()
+        self._cursor.reset_stats()
 
     def __repr__(self) -> str:
         return (
             f"fastload.DataLoader({self.dataset!r}, batch_size={self.batch_size}, "
             f"num_workers={self.num_workers}, rank={self.rank}, world_size={self.world_size}, "
-            f"drop_last={self.drop_last}, epoch={self._epoch}, step={self._step})"
+            f"drop_last={self.drop_last}, epoch={self.epoch}, step={self._cursor.step})"
         )

@@ -34,8 +34,9 @@ import numpy as np
 import numpy.typing as npt
 
 from fastload.errors import InvalidArgumentError
+from fastload.loader._seeds import TAG_BLOCKS, TAG_WINDOW, check_seed
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "DEFAULT_WINDOW", "EpochOrder", "check_seed"]
+__all__ = ["DEFAULT_BLOCK_SIZE", "DEFAULT_WINDOW", "EpochOrder"]
 
 #: Default samples per block.
 DEFAULT_BLOCK_SIZE = 64
@@ -43,18 +44,6 @@ DEFAULT_BLOCK_SIZE = 64
 DEFAULT_WINDOW = 64
 
 IntArray = npt.NDArray[np.int64]
-
-# Domain tags for numpy SeedSequence entropy. SeedSequence ignores trailing zeros, so every stream
-# gets a distinct non-zero tag in the third place: [seed, epoch, tag, ...].
-_TAG_BLOCKS = 1
-_TAG_WINDOW = 2
-
-
-def check_seed(name: str, value: object) -> int:
-    """Validate a seed or epoch: a non-negative int (numpy SeedSequence entropy)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise InvalidArgumentError(f"{name} must be a non-negative int, got {value!r}")
-    return int(value)
 
 
 class EpochOrder:
@@ -108,7 +97,7 @@ class EpochOrder:
         if not self.shuffle or self.num_samples == 0:
             return
         starts, lengths = _blocks(sizes, block_size)
-        rng = np.random.default_rng([self.seed, self.epoch, _TAG_BLOCKS])
+        rng = np.random.default_rng([self.seed, self.epoch, TAG_BLOCKS])
         perm = rng.permutation(len(starts))
         self._bstart: IntArray = starts[perm]
         self._blen: IntArray = lengths[perm]
@@ -130,7 +119,7 @@ class EpochOrder:
             return perm
         lo = int(self._bcum[w * self.window])
         hi = int(self._bcum[min((w + 1) * self.window, self._num_blocks)])
-        rng = np.random.default_rng([self.seed, self.epoch, _TAG_WINDOW, w])
+        rng = np.random.default_rng([self.seed, self.epoch, TAG_WINDOW, w])
         perm = rng.permutation(hi - lo).astype(np.int64, copy=False)
         self._windows[w] = perm
         if len(self._windows) > self._CACHED_WINDOWS:

@@ -24,15 +24,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
+
+from fastload._units import check_int
 from fastload.errors import InvalidArgumentError
 
 __all__ = ["Partition"]
-
-
-def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidArgumentError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -52,16 +50,9 @@ class Partition:
     drop_last: bool = False
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.num_samples, bool)
-            or not isinstance(self.num_samples, int)
-            or self.num_samples < 0
-        ):
-            raise InvalidArgumentError(
-                f"num_samples must be a non-negative int, got {self.num_samples!r}"
-            )
-        _positive("world_size", self.world_size)
-        _positive("batch_size", self.batch_size)
+        check_int("num_samples", self.num_samples)
+        check_int("world_size", self.world_size, minimum=1)
+        check_int("batch_size", self.batch_size, minimum=1)
 
     @property
     def global_batch_size(self) -> int:
@@ -122,6 +113,19 @@ class Partition:
         start = self.full_steps * self.global_batch_size + rank * per_rank
         return start, start + per_rank
 
+    def positions(
+        self, step: int, rank: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+        """The epoch positions whose samples make up rank ``rank``'s batch at global ``step``, in
+        batch order, and which rows are padding (a padding row repeats the position
+        :meth:`source_position` gives). Every loader builds its batches from this."""
+        start, stop = self.rank_range(step, rank)
+        positions = np.arange(start, stop, dtype=np.int64)
+        pad = positions >= self.num_samples
+        if pad.any():
+            positions[pad] = (positions[pad] - self.num_samples) % self.num_samples
+        return positions, pad
+
     def source_position(self, position: int) -> int:
         """The epoch position whose sample fills ``position`` (itself unless it is padding)."""
         if position < self.num_samples:
@@ -131,7 +135,7 @@ class Partition:
     def worker_steps(self, start_step: int, worker: int, num_workers: int) -> range:
         """Global steps (``>= start_step``) whose batches worker ``worker`` of ``num_workers``
         produces, in increasing order."""
-        _positive("num_workers", num_workers)
+        check_int("num_workers", num_workers, minimum=1)
         if not 0 <= worker < num_workers:
             raise InvalidArgumentError(f"worker must be in [0, {num_workers}), got {worker}")
         if start_step < 0:

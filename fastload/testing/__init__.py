@@ -3,6 +3,8 @@
 * :mod:`fastload.testing.store`: ``StoreTests`` for every storage backend and wrapper.
 * :mod:`fastload.testing.formats`: ``ShardFormatTests`` for every shard format.
 * :mod:`fastload.testing.streams`: stores with forward-only, short-read streams.
+* :mod:`fastload.testing.resume`: ``check_resume``, the resume checker every loader passes (every
+  step, other worker counts and world sizes).
 
 These modules import pytest and hypothesis; they are for test suites, not for production code.
 """

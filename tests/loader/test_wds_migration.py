@@ -29,6 +29,7 @@ from fastload.formats import get_format
 from fastload.formats.webdataset import WebDatasetReader, WebDatasetWriter, build_index
 from fastload.loader.decode import Decoder
 from fastload.storage import LocalStore, MemoryStore
+from fastload.testing.resume import Layout, check_resume
 
 # ---- decoding the webdataset ecosystem's extensions -----------------------------------------
 
@@ -282,3 +283,31 @@ def test_open_dataset_on_tfrecord_urls_builds_their_indexes_in_memory(tmp_path: 
     assert not (tmp_path / "r-0.tfrecord.idx").exists()
     got = [k for (batch,) in fastload.DataLoader(ds, batch_size=2, num_workers=2) for k in batch]
     assert sorted(got) == ["r00", "r01", "r02", "r10", "r11", "r12", "r13"]
+
+
+@pytest.mark.parametrize(("batch_size", "per_batch"), [(4, 4), (4, 2)])
+def test_webloader_passes_the_resume_checker(
+    tmp_path: Path, batch_size: int, per_batch: int
+) -> None:
+    """Resume after every output (several per step with per_batch < batch_size), with another
+    number of workers; the WebLoader promises no other world size (its stages run per chunk)."""
+    keys = _shards(tmp_path)
+    pattern = str(tmp_path / "s-{000000..000002}.tar")
+
+    def make(*, world_size: int, rank: int, batch_size: int, num_workers: int) -> Any:
+        pipe = fastload.wds.WebDataset(
+            pattern, seed=3, batch_size=batch_size, rank=rank, world_size=world_size
+        )
+        pipe = pipe.to_tuple("__key__", "cls").batched(per_batch)
+        return fastload.wds.WebLoader(pipe, num_workers=num_workers)
+
+    report = check_resume(
+        make,
+        global_batch_size=2 * batch_size,
+        sample_ids=lambda output: list(output[0]),
+        layouts=[Layout(2), Layout(2, num_workers=2)],
+        expected=keys,
+        epochs=(0, 1),
+        stop_checks=1,
+    )
+    assert report.steps[0] == -(-len(keys) // (2 * per_batch))

@@ -1,0 +1,142 @@
+"""``open_dataset``: a dataset by its manifest, or by the shard URLs ``webdataset`` takes."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+from fastload.errors import InvalidArgumentError
+from fastload.formats import MANIFEST_NAME, read_manifest
+from fastload.loader._collate import Transform
+from fastload.loader._dataset import Dataset
+from fastload.loader._order import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW
+from fastload.loader._shards import DEFAULT_PREFETCH_SHARDS
+from fastload.loader._wds import is_shard_pattern, open_shard_urls
+from fastload.storage import CachingStore, Store, open_store, wrap_store
+from fastload.storage._registry import DEFAULT_CACHE_SIZE
+
+__all__ = ["open_dataset"]
+
+
+def open_dataset(
+    url: str | os.PathLike[str] | Store | Sequence[str],
+    *,
+    shuffle: bool = True,
+    seed: int = 0,
+    decode: Callable[[dict[str, Any]], Any] | str | Literal[False] | None = None,
+    transform: Transform | None = None,
+    fields: Sequence[str] | str | None = None,
+    on_error: str = "raise",
+    block_size: int | None = DEFAULT_BLOCK_SIZE,
+    window: int = DEFAULT_WINDOW,
+    max_open_shards: int = 16,
+    store_options: Mapping[str, Any] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_size: int | str = DEFAULT_CACHE_SIZE,
+    prefetch_shards: int = DEFAULT_PREFETCH_SHARDS,
+) -> Dataset:
+    """Open a dataset by its manifest (``fastload.json`` at ``url``), or shard URLs as they are.
+
+    Args:
+        url: The dataset root: a local path, ``file://``, ``s3://bucket/prefix``, ... (opened with
+            :func:`fastload.open_store`), or an open :class:`~fastload.storage.Store` whose root
+            is the dataset root. Or, as the ``webdataset`` library takes them, a brace pattern
+            of shard URLs (``"s3://b/train-{000000..000999}.tar"``, ``"/data/{a,b}-{0..9}.tar"``)
+            or a list of shard URLs: these are indexed on the fly into an in-memory manifest
+            (each shard's ``.idx`` is read, or its tar headers are scanned when it has none;
+            compressed shards are read through; nothing is written, and no SHA-256 is computed:
+            see :func:`fastload.loader._wds.shard_list_manifest`). The shards must share one
+            directory or bucket.
+        shuffle: Shuffle the epoch order (block shuffle with a window, see ``block_size``).
+        seed: Non-negative seed of the order; the order is a pure function of (seed, epoch).
+        decode: ``raw sample -> sample``: runs first on each sample (in the worker). ``None``
+            or ``False`` keeps the bytes. The raw
+            sample is ``{"__key__": str, "__url__": shard URL, "__index__": int, field: bytes}``
+            plus, in the iterable form, ``"__rng_seed__": (seed, epoch, dataset index)``.
+            ``None`` keeps the bytes; a string is an image mode for
+            :class:`fastload.loader.decode.Decoder` (``"rgb8"``, ``"torch"``, ``"pil"``,
+            ``"bytes"``), which decodes every field by its extension.
+        transform: ``sample -> sample`` after decoding, or a mapping ``field -> callable``
+            applied to those fields of a dict sample.
+        fields: Return tuples of these fields (``("jpg;png", "cls")``, see :func:`to_tuple`)
+            instead of dicts; applied after ``transform``.
+        on_error: For corrupt samples: ``"raise"`` (default), ``"skip"`` (drop and count) or
+            ``"warn"`` (drop, count and log). Errors raised by ``decode`` count as corrupt data;
+            errors raised by ``transform`` always raise (they are bugs, not bad data).
+        block_size: Samples per shuffle block (locality of reads); ``None`` = whole shards.
+        window: Blocks per shuffle window (how far samples mix locally).
+        max_open_shards: Open shard readers kept per reading thread (LRU).
+        store_options: Options for :func:`fastload.open_store`: backend options
+            (``endpoint_url``, credentials, ...) and its wrappers' (``retry=RetryConfig(...)``,
+            ``max_concurrency``). Not allowed when ``url`` is a store.
+        cache_dir: A local directory that caches the shards (whole objects, see
+            :class:`~fastload.storage.CachingStore`): the first epoch downloads each shard once
+            (per node: all workers and ranks on the node share the directory) while training on
+            those already there; later epochs read local files. ``None`` (default) reads the store
+            directly. Also applies when ``url`` is a store (it is wrapped).
+        cache_size: Byte budget of the cache (``"50GB"``, ``"1.5GiB"`` or an int; default 10 GB),
+            least recently used shards are evicted. When the dataset is larger than the budget,
+            prefer the streaming shuffle (``block_size=None``, a small ``window``), which reads
+            whole shards in a random order, so each shard is downloaded once per epoch.
+        prefetch_shards: With a cache: each reading process (each DataLoader worker) keeps the
+            next ``prefetch_shards`` shards that its coming batches will read downloading in the
+            background, in the epoch's order. Workers that need the same shard share one
+            download. ``0`` disables prefetching. Reserve ``prefetch_shards x workers x ranks per
+            node`` shards of the cache budget for it.
+
+    The manifest is always read from the store itself, not from the cache. Cached shards are
+    assumed immutable: after overwriting a dataset in place, use a new ``cache_dir`` (or
+    :meth:`~fastload.storage.CachingStore.clear` the old one).
+
+    Raises:
+        ObjectNotFoundError: No manifest at ``url`` (or a shard URL names no object).
+        ManifestError: The manifest is malformed.
+        InvalidArgumentError: An option is invalid, or the format is unknown.
+    """
+    options_of_dataset: dict[str, Any] = {
+        "shuffle": shuffle,
+        "seed": seed,
+        "decode": decode,
+        "transform": transform,
+        "fields": fields,
+        "on_error": on_error,
+        "block_size": block_size,
+        "window": window,
+        "max_open_shards": max_open_shards,
+        "prefetch_shards": prefetch_shards,
+    }
+    if is_shard_pattern(url) or not isinstance(url, Store | str | os.PathLike):
+        if not isinstance(url, str | Sequence):
+            raise InvalidArgumentError(
+                "open_dataset takes a dataset URL, a Store, a brace pattern of shard URLs or a "
+                f"list of shard URLs, got {type(url).__name__}"
+            )
+        return open_shard_urls(
+            url,
+            store_options=store_options,
+            cache_dir=cache_dir,
+            cache_size=cache_size,
+            **options_of_dataset,
+        )
+    if isinstance(url, Store):
+        if store_options:
+            raise InvalidArgumentError("store_options apply only when url is a URL, not a Store")
+        store = (
+            url
+            if cache_dir is None
+            else wrap_store(url, cache_dir=cache_dir, cache_size=cache_size)
+        )
+    else:
+        options = dict(store_options or {})
+        for name in ("cache_dir", "cache_size"):
+            if name in options:
+                raise InvalidArgumentError(
+                    f"pass {name} to open_dataset itself, not in store_options"
+                )
+        store = open_store(url, cache_dir=cache_dir, cache_size=cache_size, **options)
+    # The manifest decides what the shards are: read it from the store, never from a cache.
+    source = store.inner if isinstance(store, CachingStore) else store
+    manifest = read_manifest(source, "")
+    manifest.resolve_format(url=source.child_url(MANIFEST_NAME))  # fail early, naming the manifest
+    return Dataset(store, manifest, **options_of_dataset)

@@ -1,0 +1,408 @@
+"""The samples a dataset manifest lists: where each one lives, reading it, decode and transform.
+
+:class:`ShardedDataset` is everything a dataset knows without torch's dataset protocols: the shard
+list and the location of every sample (dataset index -> shard and position), the epoch order
+(:class:`~fastload.loader._order.EpochOrder`), raw reads through per-thread shard readers, the
+``on_error`` policy for corrupt samples, and the ``decode``/``transform``/``fields`` steps. The
+batch stream (:mod:`fastload.loader._stream`) is built on it; :class:`fastload.loader.Dataset`
+adds the map-style and iterable forms on top.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, Self
+
+import numpy as np
+import numpy.typing as npt
+
+from fastload._units import check_int
+from fastload.errors import (
+    CorruptDataError,
+    FormatError,
+    InvalidArgumentError,
+    MissingDependencyError,
+    UnsafeDataError,
+)
+from fastload.formats import DAMAGED_SHARD_REMEDY, Format, OnError, get_format
+from fastload.formats._base import ErrorPolicy
+from fastload.formats.manifest import Manifest
+from fastload.loader._collate import ToTuple, Transform
+from fastload.loader._order import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW, EpochOrder
+from fastload.loader._readers import ReaderCache, ReaderSlot, close_quietly
+from fastload.loader._seeds import RNG_SEED_KEY, check_seed
+from fastload.storage import Store
+
+__all__ = ["DEFAULT_PREFETCH_SHARDS", "NOT_DATA_ERRORS", "ShardedDataset", "sample_nbytes"]
+
+log = logging.getLogger("fastload.loader")
+
+#: Shards each reading process asks a caching store to fetch ahead of its reads (see
+#: :func:`~fastload.loader.open_dataset`, ``prefetch_shards``).
+DEFAULT_PREFETCH_SHARDS = 2
+IntArray = npt.NDArray[np.int64]
+#: Errors of ``decode`` that are not about the sample's bytes (a missing package, a refused
+#: pickle): they raise under every ``on_error`` policy instead of skipping every sample.
+NOT_DATA_ERRORS = (MissingDependencyError, UnsafeDataError)
+
+
+def sample_nbytes(sample: Mapping[str, Any]) -> int:
+    """Bytes of a raw sample's fields (metadata entries such as ``__key__`` not counted)."""
+    return sum(
+        len(v)
+        for k, v in sample.items()
+        if not k.startswith("__") and isinstance(v, bytes | bytearray | memoryview)
+    )
+
+
+def _keeps_field_names(decode: Any) -> bool:
+    """Whether samples reach the ``fields`` selection with the field names of the shards."""
+    from fastload.loader.decode import Decoder
+
+    return decode is None or isinstance(decode, Decoder)
+
+
+def _check_fields(select: ToTuple, manifest: Manifest) -> None:
+    """Refuse, before any worker starts, a ``fields`` selection the dataset cannot satisfy."""
+    known = set(manifest.schema)
+    if not known:  # no schema (e.g. an old or hand-made manifest): nothing to check against
+        return
+    meta = {"__key__", "__url__", "__index__"}
+    for spec, alternatives in zip(select.fields, select._specs, strict=True):
+        if any(name in known or name in meta for name in alternatives):
+            continue
+        import difflib
+
+        close = difflib.get_close_matches(alternatives[0], sorted(known), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise InvalidArgumentError(
+            f"fields=... asks for {spec!r}, but the dataset's samples have the fields "
+            f"{sorted(known)} (and __key__, __url__, __index__){hint}"
+        )
+
+
+class ShardedDataset:
+    """The samples of a manifest's shards, read through shard readers (see module doc).
+
+    The options are :func:`~fastload.loader.open_dataset`'s; :class:`~fastload.loader.Dataset`
+    (what ``open_dataset`` returns) is the class to use.
+
+    Pickling: a dataset pickles by configuration (store, manifest, options, callables); open readers
+    are not pickled and reopen lazily in each process. ``decode``/``transform`` must themselves be
+    picklable (module-level functions, not lambdas) for the ``spawn``/``forkserver`` start methods.
+
+    Thread safety: reading from several threads is safe (each thread has its own readers).
+
+    Caching: when :attr:`store` is a :class:`~fastload.storage.CachingStore` (``open_dataset(...,
+    cache_dir=...)``), readers work from the local copies, and the iterable form asks the cache to
+    fetch each process's next ``prefetch_shards`` shards (in the order its batches first read
+    them) in the background.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        manifest: Manifest,
+        *,
+        prefix: str = "",
+        shuffle: bool = True,
+        seed: int = 0,
+        decode: Callable[[dict[str, Any]], Any] | str | Literal[False] | None = None,
+        transform: Transform | None = None,
+        fields: Sequence[str] | str | None = None,
+        on_error: str = "raise",
+        block_size: int | None = DEFAULT_BLOCK_SIZE,
+        window: int = DEFAULT_WINDOW,
+        max_open_shards: int = 16,
+        prefetch_shards: int = DEFAULT_PREFETCH_SHARDS,
+    ) -> None:
+        ErrorPolicy(on_error)  # validates
+        if decode is False:  # webdataset users write decode=False for "keep the bytes"
+            decode = None
+        if isinstance(decode, str):
+            from fastload.loader.decode import Decoder
+
+            decode = Decoder(image=decode)  # type: ignore[arg-type]
+        if decode is not None and not callable(decode):
+            raise InvalidArgumentError(
+                "decode must be a callable taking a sample dict, or an image mode for "
+                f"fastload.loader.decode.Decoder ('rgb8', 'torch', ...), got {decode!r}"
+            )
+        if transform is not None and not (callable(transform) or isinstance(transform, Mapping)):
+            raise InvalidArgumentError(
+                "transform must be a callable or a mapping field name -> callable, got "
+                f"{type(transform).__name__}"
+            )
+        if isinstance(transform, Mapping):
+            for name, fn in transform.items():
+                if not callable(fn):
+                    raise InvalidArgumentError(f"transform[{name!r}] is not callable: {fn!r}")
+        max_open_shards = check_int("max_open_shards", max_open_shards, minimum=1)
+        prefetch_shards = check_int("prefetch_shards", prefetch_shards)
+        self.store = store
+        self.prefix = prefix.strip("/")
+        self.manifest = manifest
+        self.format_name = manifest.format
+        self.shuffle = bool(shuffle)
+        self.seed = check_seed("seed", seed)
+        self.block_size = block_size
+        self.window = window
+        EpochOrder([1], seed=self.seed, block_size=block_size, window=window)  # validates options
+        self.decode = decode
+        self.transform = transform
+        if isinstance(fields, str):
+            fields = (fields,)
+        self.select: ToTuple | None = ToTuple(*fields) if fields is not None else None
+        if self.select is not None and transform is None and _keeps_field_names(decode):
+            _check_fields(self.select, manifest)
+        self.on_error: OnError = on_error  # type: ignore[assignment]
+        self.max_open_shards = max_open_shards
+        self.prefetch_shards = prefetch_shards
+        self.shard_keys = [self._key(s.name) for s in manifest.shards]
+        self.index_keys = [self._key(s.index) if s.index else None for s in manifest.shards]
+        self.shard_sizes: IntArray = np.asarray(
+            [s.num_samples for s in manifest.shards], dtype=np.int64
+        )
+        self._starts: IntArray = np.zeros(len(self.shard_sizes), dtype=np.int64)
+        if len(self.shard_sizes) > 1:
+            np.cumsum(self.shard_sizes[:-1], out=self._starts[1:])
+        self.num_samples = int(self.shard_sizes.sum())
+        self._format: Format | None = None
+        self._readers = ReaderCache(max_open_shards)
+        self._warned_sequential = False
+
+    # ---- pickling ---------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_format"] = None
+        state["_readers"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._readers = ReaderCache(self.max_open_shards)
+
+    def replace(
+        self,
+        *,
+        store: Store | None = None,
+        shuffle: bool | None = None,
+        seed: int | None = None,
+        on_error: str | None = None,
+    ) -> Self:
+        """A copy with the given options changed (``None`` keeps one): the loaders' overrides of
+        a dataset's ``shuffle``/``seed``/``on_error``, or another store for its shards (a cache).
+
+        The copy shares the manifest, ``decode``/``transform`` and (unless replaced) the store,
+        and has its own shard readers, opened on first use; the original is unchanged.
+        """
+        state = self.__getstate__()
+        if store is not None:
+            state["store"] = store
+        if shuffle is not None:
+            state["shuffle"] = bool(shuffle)
+        if seed is not None:
+            state["seed"] = check_seed("seed", seed)
+        if on_error is not None:
+            state["on_error"] = ErrorPolicy(on_error).on_error
+        copy = type(self).__new__(type(self))
+        copy.__setstate__(state)
+        return copy
+
+    # ---- description ------------------------------------------------------------------------
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    @property
+    def url(self) -> str:
+        """The dataset root URL (no credentials)."""
+        return self.store.child_url(self.prefix) if self.prefix else self.store.url
+
+    @property
+    def num_shards(self) -> int:
+        """Number of shards in the manifest (empty ones included)."""
+        return len(self.shard_keys)
+
+    @property
+    def format(self) -> Format:
+        """The shard format (resolved lazily in each process)."""
+        if self._format is None:
+            self._format = get_format(self.format_name)
+        return self._format
+
+    def shard_objects(self, shard: int) -> list[str]:
+        """The store keys a reader of shard ``shard`` reads: its index (first, if any), then the
+        shard itself."""
+        index = self.index_keys[shard]
+        return [self.shard_keys[shard]] if index is None else [index, self.shard_keys[shard]]
+
+    def shard_url(self, shard: int) -> str:
+        """The URL of shard number ``shard``."""
+        return self.store.child_url(self.shard_keys[shard])
+
+    @property
+    def fingerprint(self) -> str:
+        """A short hash of the shard list (names, sample counts, checksums): identifies the data
+        a resume state belongs to."""
+        h = hashlib.sha256()
+        for entry in self.manifest.shards:
+            h.update(f"{entry.name}\0{entry.num_samples}\0{entry.sha256}\n".encode())
+        return h.hexdigest()[:16]
+
+    def order_options(self) -> dict[str, Any]:
+        """The options that define the epoch order (they go into loader state dicts)."""
+        return {
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "block_size": self.block_size,
+            "window": self.window,
+        }
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.url!r}, format={self.format_name!r}, samples={self.num_samples}, "
+            f"shards={self.num_shards}, shuffle={self.shuffle}, seed={self.seed})"
+        )
+
+    # ---- order and location -----------------------------------------------------------------
+
+    def order(self, epoch: int) -> EpochOrder:
+        """The global order of ``epoch`` (see :mod:`fastload.loader._order`)."""
+        return EpochOrder(
+            self.shard_sizes.tolist(),
+            seed=self.seed,
+            epoch=epoch,
+            shuffle=self.shuffle,
+            block_size=self.block_size,
+            window=self.window,
+        )
+
+    def locate(self, indices: npt.ArrayLike) -> tuple[IntArray, IntArray]:
+        """``(shard numbers, positions in shard)`` of dataset indices."""
+        idx = np.asarray(indices, dtype=np.int64)
+        shard = np.searchsorted(self._starts, idx, side="right") - 1
+        return shard, idx - self._starts[shard]
+
+    # ---- reading ----------------------------------------------------------------------------
+
+    def _slot(self, shard: int) -> ReaderSlot:
+        table = self._readers.slots()
+        slot = table.get(shard)
+        if slot is not None:
+            table.move_to_end(shard)
+            return slot
+        reader = self.format.reader(
+            self.store,
+            self.shard_keys[shard],
+            on_error=self.on_error,
+            index_key=self.index_keys[shard],
+            num_samples=int(self.shard_sizes[shard]),
+            num_bytes=self.manifest.shards[shard].num_bytes,
+        )
+        slot = ReaderSlot(reader)
+        table[shard] = slot
+        while len(table) > self._readers.capacity:
+            _, old = table.popitem(last=False)
+            close_quietly(old.reader)
+        return slot
+
+    def read_raw(self, shard: int, pos: int) -> dict[str, Any] | None:
+        """Read sample ``pos`` of shard ``shard`` as stored (``{"__key__", field: bytes}``).
+
+        Returns ``None`` when the sample is corrupt and the error policy is ``skip``/``warn``.
+
+        Raises:
+            FormatError: Corrupt data under ``on_error="raise"`` (names shard URL and offset/key).
+            StoreError: The store failed (missing shard, network): never skipped.
+        """
+        slot = self._slot(shard)
+        reader = slot.reader
+        try:
+            sample: dict[str, Any] | None
+            if reader.supports_random_access:
+                sample = reader.read(pos)
+            else:
+                sample = self._read_sequential(slot, shard, pos)
+        except FormatError as exc:
+            if self.on_error == "raise":
+                raise
+            if self.on_error == "warn":
+                log.warning("skipping corrupt sample %d of %s: %s", pos, self.shard_url(shard), exc)
+            return None
+        return sample
+
+    def _read_sequential(self, slot: ReaderSlot, shard: int, pos: int) -> dict[str, Any] | None:
+        if not self._warned_sequential:
+            self._warned_sequential = True
+            log.warning(
+                "shard reader %s has no random access to %s; reading sequentially (slow for "
+                "shuffled access). Build indexes with `fastload index %s`, or, for compressed "
+                "shards, which cannot be indexed, convert them into indexed shards with "
+                "`fastload convert %s DST`",
+                type(slot.reader).__name__,
+                self.shard_url(shard),
+                self.url,
+                self.url,
+            )
+        if slot.cursor is None or slot.cursor[1] is None or slot.cursor[1]["__index__"] > pos:
+            it = slot.reader.iter_from(pos)
+            slot.cursor = (it, next(it, None))
+        it, ahead = slot.cursor
+        while ahead is not None and ahead.get("__index__", pos) < pos:
+            ahead = next(it, None)
+        slot.cursor = (it, ahead)
+        if ahead is None and self.on_error == "raise":
+            raise CorruptDataError(
+                f"sample {pos} is missing: the dataset manifest says the shard holds "
+                f"{int(self.shard_sizes[shard])} samples, but it ended before sample {pos}; the "
+                f"shard is damaged or the manifest is wrong (check with `fastload verify "
+                f"{self.url}`){DAMAGED_SHARD_REMEDY}",
+                url=self.shard_url(shard),
+            )
+        if ahead is None or ahead.get("__index__", pos) != pos:
+            return None  # the reader skipped it as corrupt (and counted it)
+        slot.cursor = (it, next(it, None))
+        return ahead
+
+    def decode_raw(self, raw: dict[str, Any]) -> Any:
+        """Apply ``decode`` (if any) to a raw sample."""
+        return raw if self.decode is None else self.decode(raw)
+
+    def finish(self, sample: Any) -> Any:
+        """Apply ``transform`` and the ``fields`` selection to a decoded sample."""
+        transform = self.transform
+        if isinstance(transform, Mapping):
+            if not isinstance(sample, Mapping):
+                raise InvalidArgumentError(
+                    "a per-field transform mapping needs samples that are dicts; decode returned "
+                    f"{type(sample).__name__}"
+                )
+            sample = dict(sample)
+            for name, fn in transform.items():
+                if name in sample:
+                    sample[name] = fn(sample[name])
+        elif transform is not None:
+            sample = transform(sample)
+        if isinstance(sample, dict) and RNG_SEED_KEY in sample:
+            del sample[RNG_SEED_KEY]
+        if self.select is not None:
+            sample = self.select(sample)
+        return sample
+
+    def describe(self, shard: int, pos: int, key: str | None = None) -> str:
+        """Where a sample lives, for error messages."""
+        if key is None:
+            return f"sample at position {pos} of shard {self.shard_url(shard)}"
+        return f"sample {key!r} of shard {self.shard_url(shard)} (position {pos})"
+
+    def close(self) -> None:
+        """Close this process's open shard readers; the dataset stays usable."""
+        if self._readers is not None:
+            self._readers.close_all()
