@@ -19,6 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from fastload import errors
+from fastload._version import __version__
 
 # Imported eagerly: ``fastload.convert`` must be the function even after the subpackage of the
 # same name has been imported (importing a subpackage first sets the parent's attribute to it).
@@ -28,8 +29,6 @@ from fastload.storage import open_store
 if TYPE_CHECKING:
     from fastload import dali
     from fastload.loader import DataLoader, open_dataset, to_tuple
-
-__version__ = "0.1.0"
 
 __all__ = [
     "DataLoader",

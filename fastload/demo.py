@@ -36,6 +36,7 @@ from torch import nn
 from tqdm import tqdm
 
 import fastload
+from fastload.cli._common import whole_number
 from fastload.convert import ConvertResult, verify_dataset
 from fastload.errors import DatasetExistsError
 from fastload.loader.transforms import ImageTrainTransform
@@ -63,24 +64,8 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number of at least 1, got {value}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
-    return value
+_positive = whole_number(1, "a number of at least 1")
+_non_negative = whole_number(0, "0 or more")
 
 
 class _CorpusProgress:

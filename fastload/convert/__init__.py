@@ -2,21 +2,16 @@
 
 ``fastload.convert(src, dst, ...)`` does what ``fastload convert SRC DST ...`` does; see
 :func:`convert` and this package's ``README.md`` (sources, key and field naming, resumption, the
-skip report, exit codes). Nothing here imports torch.
+skip report). Nothing here imports torch. The sources live in :mod:`fastload.convert.sources`,
+the dataset tools in :mod:`fastload.convert.tools`; the command's exit statuses are the CLI's
+(:mod:`fastload.cli`).
 """
 
-from fastload.convert._convert import (
-    EXIT_ERROR,
-    EXIT_OK,
-    EXIT_SKIPPED,
-    EXIT_USAGE,
-    SKIPPED_KEY,
-    ConvertResult,
-    SkippedItem,
-    convert,
-)
+from fastload.convert._convert import convert
 from fastload.convert._plan import parse_size
-from fastload.convert._sources import (
+from fastload.convert._results import ConvertResult, SkippedItem
+from fastload.convert._state import SKIPPED_KEY
+from fastload.convert.sources import (
     SOURCES,
     ConversionError,
     Source,
@@ -26,7 +21,7 @@ from fastload.convert._sources import (
     sanitize_field_name,
     sanitize_key,
 )
-from fastload.convert._tools import (
+from fastload.convert.tools import (
     IndexResult,
     VerifyReport,
     index_dataset,
@@ -35,10 +30,6 @@ from fastload.convert._tools import (
 )
 
 __all__ = [
-    "EXIT_ERROR",
-    "EXIT_OK",
-    "EXIT_SKIPPED",
-    "EXIT_USAGE",
     "SKIPPED_KEY",
     "SOURCES",
     "ConversionError",

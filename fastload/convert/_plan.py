@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastload._units import parse_size
-from fastload.convert._sources import Unit
+from fastload.convert.sources import Unit
 
 __all__ = [
     "DEFAULT_SHARD_SIZE",
+    "ConversionPlan",
     "ShardPlan",
     "estimate_sample_bytes",
     "parse_size",
@@ -134,3 +135,30 @@ def plan_hash(
         lines.extend([encode([unit.ref, unit.size]) + "\n" for unit in shard.units])
         sha.update("".join(lines).encode())
     return sha.hexdigest()
+
+
+@dataclass(frozen=True)
+class ConversionPlan:
+    """A whole planned conversion: its shards and what identifies it.
+
+    Attributes:
+        shards: The shards, in dataset order.
+        source: How the source is identified (:meth:`Source.describe`).
+        options: The options that shape the content (format, shard limits, order, map, ...).
+        sha256: :func:`plan_hash` of the three: equal hashes mean the same shards.
+    """
+
+    shards: list[ShardPlan]
+    source: dict[str, Any]
+    options: dict[str, Any]
+    sha256: str
+
+    @property
+    def num_samples(self) -> int:
+        """Samples planned, in all shards."""
+        return sum(len(s.units) for s in self.shards)
+
+    @property
+    def est_bytes(self) -> int:
+        """Estimated bytes of all shards."""
+        return sum(s.est_bytes for s in self.shards)

@@ -1,4 +1,5 @@
-"""Progress reporting for long conversions: a tqdm bar on a terminal, plain lines otherwise."""
+"""What a conversion prints while it runs: progress (a tqdm bar on a terminal, plain lines
+otherwise), the source's warnings, and the number formats they use."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import sys
 import time
 from typing import IO, Any
 
-__all__ = ["Progress", "format_bytes", "format_duration", "plural"]
+__all__ = ["Progress", "WarningPrinter", "format_bytes", "format_duration", "plural"]
 
 
 def format_bytes(n: float) -> str:
@@ -122,6 +123,24 @@ class Progress:
         else:
             self.stream.write(text + "\n")
             self.stream.flush()
+
+
+class WarningPrinter:
+    """Prints the warnings of a list that were not printed yet (nothing when ``quiet``), as
+    ``fastload convert: warning: ...`` lines. ``convert`` calls it after opening the source and
+    again after planning, which may add to the source's list."""
+
+    def __init__(self, warnings: list[str], stream: IO[str], quiet: bool) -> None:
+        self.warnings, self.stream, self.quiet = warnings, stream, quiet
+        self.said: list[str] = []
+
+    def __call__(self) -> None:
+        for text in self.warnings:
+            if text not in self.said:
+                self.said.append(text)
+                if not self.quiet:
+                    self.stream.write(f"fastload convert: warning: {text}\n")
+                    self.stream.flush()
 
 
 def _isatty(stream: IO[str]) -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from fastload.cli import EXIT_SKIPPED, convert_exit_status
 from fastload.errors import DatasetExistsError, InvalidArgumentError, WorkerError
 
 # fastload.convert is also the function re-exported as fastload.convert once fastload/__init__.py
@@ -251,7 +252,7 @@ def test_planning_errors(tmp_path: Path, cv: Any) -> None:
         fc.convert(src, tmp_path / "o", format="fake", workers=1, quiet=True)
     assert not (tmp_path / "o").exists()
     result = fc.convert(src, tmp_path / "o", format="fake", workers=1, quiet=True, on_error="skip")
-    assert result.exit_code == 3
+    assert convert_exit_status(result) == EXIT_SKIPPED == 3
     assert [(s.item, s.shard) for s in result.skipped] == [
         ("cat/a_b.jpg", None),
         ("cat/empty.jpg", None),
@@ -344,7 +345,7 @@ def test_cli_usage_errors() -> None:
 def test_file_vanishing_after_planning_is_skipped(
     tmp_path: Path, cv: Any, image_folder: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fastload.convert._sources import ImageFolderSource
+    from fastload.convert.sources import ImageFolderSource
 
     root, expected = image_folder
     victim = root / "class01" / "im.004.jpg"
@@ -443,7 +444,7 @@ def test_worker_death_is_reported_and_the_rerun_resumes(
 def test_commits_overlap_the_next_shard_and_errors_stop_cleanly(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    convert_module = importlib.import_module("fastload.convert._convert")
+    worker_module = importlib.import_module("fastload.convert._worker")
     events: list[str] = []
 
     class Writer:
@@ -455,7 +456,7 @@ def test_commits_overlap_the_next_shard_and_errors_stop_cleanly(
 
     def write_samples(job: Any) -> Any:
         events.append(f"write {job}")
-        return convert_module._Written(job, Writer(job), [], 0)
+        return worker_module.Written(job, Writer(job), [], 0)
 
     def commit_shard(written: Any) -> dict[str, Any]:
         events.append(f"commit start {written.job}")
@@ -465,13 +466,13 @@ def test_commits_overlap_the_next_shard_and_errors_stop_cleanly(
         events.append(f"commit end {written.job}")
         return {"shard": written.job}
 
-    monkeypatch.setattr(convert_module, "_write_samples", write_samples)
-    monkeypatch.setattr(convert_module, "_commit_shard", commit_shard)
+    monkeypatch.setattr(worker_module, "write_samples", write_samples)
+    monkeypatch.setattr(worker_module, "commit_shard", commit_shard)
 
-    assert convert_module._write_shards(iter([0])) == [{"shard": 0}]
+    assert worker_module.write_shards(iter([0])) == [{"shard": 0}]
     events.clear()
     with pytest.raises(OSError, match="disk full"):
-        convert_module._write_shards(iter([0, 1, 2, 3]))
+        worker_module.write_shards(iter([0, 1, 2, 3]))
     # Shard 1 is written while shard 0 commits; shard 2 is written while shard 1 commits; when
     # shard 1's commit fails, shard 2 (written, not committed) is aborted and no more is written.
     assert events.index("write 1") < events.index("commit end 0") < events.index("commit start 1")
@@ -486,12 +487,12 @@ def test_forkserver_workers_write_the_same_bytes(
     # which passes the job queue at spawn time and starts the workers before planning.
     import multiprocessing
 
-    convert_module = importlib.import_module("fastload.convert._convert")
+    pool_module = importlib.import_module("fastload.convert._pool")
     root, _ = image_folder
     options: dict[str, Any] = {"format": "webdataset", "shard_samples": 4, "quiet": True}
     fc.convert(root, tmp_path / "ref", workers=1, **options)
     monkeypatch.setattr(
-        convert_module, "_pool_context", lambda: multiprocessing.get_context("forkserver")
+        pool_module, "pool_context", lambda: multiprocessing.get_context("forkserver")
     )
     fc.convert(root, tmp_path / "fs", workers=2, **options)
     assert cv.tree_bytes(tmp_path / "fs") == cv.tree_bytes(tmp_path / "ref")

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from fastload.convert._sources import (
+from fastload.convert.sources import (
     IMAGE_FOLDER_STRAYS,
     detect_source_type,
 )
@@ -36,7 +36,7 @@ from fastload.formats import read_manifest
 from fastload.storage import open_store
 
 fc = importlib.import_module("fastload.convert")
-convert_module = importlib.import_module("fastload.convert._convert")
+pool_module = importlib.import_module("fastload.convert._pool")
 
 FASTLOAD = str(Path(sys.executable).with_name("fastload"))
 
@@ -264,7 +264,7 @@ def test_map_module_in_the_current_directory_with_forkserver_workers(
     monkeypatch.setattr(sys, "path", list(sys.path))  # convert appends the current directory
     monkeypatch.delitem(sys.modules, "first_hour_map", raising=False)
     monkeypatch.setattr(
-        convert_module, "_pool_context", lambda: multiprocessing.get_context("forkserver")
+        pool_module, "pool_context", lambda: multiprocessing.get_context("forkserver")
     )
     fc.convert("root", "out", map_fn="first_hour_map:upper", workers=2, shard_samples=1, quiet=True)
     assert sorted(v["txt"] for v in cv.read_dataset(map_corpus / "out").values()) == [
@@ -383,9 +383,9 @@ def test_option_errors_name_the_command_line_flags(tmp_path: Path) -> None:
     # One message for both users: the Python keyword and the command-line flag.
     write_files(tmp_path / "root", images("cat/0.jpg"))
     cases: dict[tuple[str, Any], str] = {
-        ("shard_samples", 0): "shard_samples (--shard-samples) must be a positive integer, got 0",
+        ("shard_samples", 0): "shard_samples (--shard-samples) must be an int >= 1, got 0",
         ("shard_size", "0"): "shard_size (--shard-size): size must be positive, got '0'",
-        ("workers", 0): "workers (--workers) must be at least 1, got 0",
+        ("workers", 0): "workers (--workers) must be an int >= 1, got 0",
         ("on_error", "ignore"): "on_error (--on-error) must be 'raise' or 'skip', got 'ignore'",
         ("prefix", "_x"): "prefix (--prefix) '_x' must be a non-empty name without '/' that "
         "does not start with '.' or '_'",
@@ -421,7 +421,7 @@ class _Stream:
 def test_ctrl_c_while_planning_says_nothing_was_written(
     tmp_path: Path, image_folder: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fastload.convert._sources import ImageFolderSource
+    from fastload.convert.sources import ImageFolderSource
 
     root, _ = image_folder
 

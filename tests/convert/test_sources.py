@@ -265,7 +265,7 @@ def test_parse_size() -> None:
 
 
 def test_json_value_encoding() -> None:
-    from fastload.convert._sources import field_value_bytes
+    from fastload.convert.sources import field_value_bytes
 
     assert field_value_bytes({"b": 1, "a": [1.5, None]}) == b'{"a":[1.5,null],"b":1}'
     assert field_value_bytes(False) == b"false"

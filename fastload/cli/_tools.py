@@ -1,0 +1,186 @@
+"""``fastload inspect``, ``verify`` and ``index``: the dataset tools of
+:mod:`fastload.convert.tools` on the command line, each on one dataset URL."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from typing import Any
+
+from fastload.cli._common import (
+    EXIT_ERROR,
+    EXIT_OK,
+    add_command,
+    count,
+    out,
+    positive_int,
+    registered,
+    shard_progress,
+    table,
+)
+from fastload.cli._store_options import add_store_options, url_store_options
+
+__all__ = ["add_index", "add_inspect", "add_verify"]
+
+
+_DATASET_URL = "dataset root (directory or store URL)"
+#: Subcommand → its line in ``fastload --help``, and what its URL argument is.
+_HELP = {
+    "inspect": ("summarise a dataset: manifest, schema, shards, first samples", _DATASET_URL),
+    "verify": (
+        "recompute checksums, sizes, sample counts and indexes against the manifest",
+        _DATASET_URL,
+    ),
+    "index": (
+        "build DALI-compatible .idx files; write a manifest for third-party shards",
+        "dataset root or a directory of shards",
+    ),
+}
+
+
+def _url_command(
+    sub: Any, name: str, run: Callable[[argparse.Namespace], int]
+) -> argparse.ArgumentParser:
+    """Add subcommand ``name`` (see :data:`_HELP`) with its one argument, the dataset URL."""
+    help_line, url_help = _HELP[name]
+    p = add_command(sub, name, run, help=help_line)
+    p.add_argument("url", help=url_help)
+    return p
+
+
+# ---- inspect -----------------------------------------------------------------------------------
+
+
+def add_inspect(sub: Any) -> None:
+    """Add the ``inspect`` subcommand to ``sub``."""
+    p = _url_command(sub, "inspect", _run_inspect)
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--samples", type=count, default=3, help="samples to show (default 3)")
+    p.add_argument(
+        "--shards", type=positive_int, default=20, help="shard rows to show (default 20)"
+    )
+    add_store_options(p)
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    from fastload.convert import inspect_dataset
+    from fastload.convert._progress import format_bytes
+
+    info = inspect_dataset(
+        args.url,
+        samples=args.samples,
+        store_options=url_store_options(args),
+    )
+    if args.json:
+        out(json.dumps(info, indent=2, sort_keys=True, ensure_ascii=False))
+        return EXIT_OK
+    out(f"dataset   {info['url']}")
+    out(f"format    {info['format']} (manifest v{info['manifest_version']})")
+    out(f"samples   {info['num_samples']}")
+    out(f"shards    {info['num_shards']}")
+    out(f"bytes     {info['num_bytes']} ({format_bytes(info['num_bytes'])})")
+    created = info["created_by"]
+    if created:
+        out(f"created   {created.get('tool', '?')} {created.get('version', '')}".rstrip())
+    classes = info["metadata"].get("classes")
+    if isinstance(classes, list):
+        shown = ", ".join(map(str, classes[:10])) + (" ..." if len(classes) > 10 else "")
+        out(f"classes   {len(classes)}: {shown}")
+    out()
+    out("schema")
+    out(
+        table(
+            [(name, s.get("type", "?"), s.get("count", "?")) for name, s in info["schema"].items()],
+            ("field", "type", "samples"),
+        )
+    )
+    out()
+    shards = info["shards"]
+    out(f"shards ({len(shards)})")
+    rows = [
+        (s["name"], s["num_samples"], s["num_bytes"], s["sha256"][:16], s.get("index") or "-")
+        for s in shards[: args.shards]
+    ]
+    out(table(rows, ("name", "samples", "bytes", "sha256", "index")))
+    if len(shards) > args.shards:
+        out(f"... {len(shards) - args.shards} more (--shards N or --json to see all)")
+    if info["samples"]:
+        out()
+        out(f"first {len(info['samples'])} samples")
+        sample_rows = [
+            (s["key"], s["shard"], ", ".join(f"{k}={v}B" for k, v in s["field_bytes"].items()))
+            for s in info["samples"]
+        ]
+        out(table(sample_rows, ("key", "shard", "fields (bytes)")))
+    return EXIT_OK
+
+
+# ---- verify ------------------------------------------------------------------------------------
+
+
+def add_verify(sub: Any) -> None:
+    """Add the ``verify`` subcommand to ``sub``."""
+    p = _url_command(sub, "verify", _run_verify)
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--no-index", action="store_true", help="do not check index files")
+    add_store_options(p)
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from fastload.convert import verify_dataset
+
+    report = verify_dataset(
+        args.url,
+        check_index=not args.no_index,
+        store_options=url_store_options(args),
+        progress=shard_progress("verify"),
+    )
+    if args.json:
+        out(json.dumps(report.to_json(), indent=2, sort_keys=True))
+    else:
+        for problem in report.problems:
+            out(f"PROBLEM {problem}")
+        for note in report.warnings:
+            out(f"NOTE {note}")
+        status = "OK" if report.ok else f"{len(report.problems)} problem(s)"
+        out(
+            f"{status}: checked {report.shards_checked} shards, read {report.samples_read} "
+            f"samples at {report.url}"
+        )
+    return EXIT_OK if report.ok else EXIT_ERROR
+
+
+# ---- index -------------------------------------------------------------------------------------
+
+
+def add_index(sub: Any) -> None:
+    """Add the ``index`` subcommand to ``sub``."""
+    p = _url_command(sub, "index", _run_index)
+    p.add_argument(
+        "--format", default=None, type=registered("format"), help="only shards of this format"
+    )
+    p.add_argument("--no-manifest", action="store_true", help="write index files only, no manifest")
+    add_store_options(p)
+
+
+def _run_index(args: argparse.Namespace) -> int:
+    from fastload.convert import index_dataset
+
+    result = index_dataset(
+        args.url,
+        format=args.format,
+        write_manifest_file=not args.no_manifest,
+        store_options=url_store_options(args),
+        progress=shard_progress("index"),
+    )
+    out(
+        f"{result.format}: wrote {len(result.indexed)} index files, {len(result.unchanged)} "
+        f"were up to date"
+        + ("; wrote fastload.json" if result.manifest_written else "")
+        + (f"; ignored {len(result.ignored)} other objects" if result.ignored else "")
+        + f" at {result.url}"
+    )
+    for note in result.warnings:
+        out(f"note: {note}")
+    return EXIT_OK

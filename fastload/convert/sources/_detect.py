@@ -1,0 +1,230 @@
+"""The conversion sources by name (:data:`SOURCES`), and how a corpus's type is told.
+
+:func:`open_source` opens a directory, store URL or single file as a :class:`Source`, of the type
+asked for or the one :func:`detect_source_type` finds (see ``fastload/convert/README.md``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fastload._plugins import PluginRegistry
+from fastload.convert._progress import plural
+from fastload.convert._shard_names import ShardNames
+from fastload.convert.sources._base import (
+    Source,
+    few,
+    file_extension,
+    image_depth,
+    key_stem,
+    list_visible,
+)
+from fastload.convert.sources._files import FileTreeSource, ImageFolderSource
+from fastload.convert.sources._records import JsonlSource, TextSource
+from fastload.convert.sources._shards import ShardSource
+from fastload.convert.sources._tables import CsvSource, ParquetSource
+from fastload.errors import InvalidArgumentError, ObjectNotFoundError
+from fastload.formats._base import FORMATS
+from fastload.formats.manifest import MANIFEST_NAME
+from fastload.storage import ObjectMeta, Store, open_store
+
+__all__ = [
+    "IMAGE_FOLDER_STRAYS",
+    "IMAGE_FOLDER_STRAY_FRACTION",
+    "SOURCES",
+    "detect_source_type",
+    "open_source",
+]
+
+_JSONL_EXT = frozenset({"jsonl", "ndjson"})
+_TEXT_EXT = frozenset({"txt"})
+_CSV_EXT = frozenset({"csv"})
+_PARQUET_EXT = frozenset({"parquet", "pq"})
+_RECORD_EXT = _JSONL_EXT | _TEXT_EXT | _CSV_EXT | _PARQUET_EXT
+
+
+SOURCES = PluginRegistry(
+    "conversion source",
+    "fastload.convert.sources",
+    "Pass one of these as source_type=... or --source-type.",
+)
+SOURCES.register("imagefolder", ImageFolderSource, aliases=("image-folder", "images"))
+SOURCES.register("files", FileTreeSource, aliases=("filetree", "file-tree", "tree"))
+SOURCES.register("jsonl", JsonlSource, aliases=("json", "ndjson"))
+SOURCES.register("text", TextSource, aliases=("txt", "lines"))
+SOURCES.register("csv", CsvSource)
+SOURCES.register("parquet", ParquetSource, aliases=("pq",))
+SOURCES.register("shards", ShardSource, aliases=("webdataset", "wds", "tfrecord", "lmdb"))
+
+_RECORD_TYPES = (
+    (_JSONL_EXT, "jsonl"),
+    (_TEXT_EXT, "text"),
+    (_CSV_EXT, "csv"),
+    (_PARQUET_EXT, "parquet"),
+)
+
+
+#: How many files that are not images an image folder may hold and still be detected as one:
+#: :data:`IMAGE_FOLDER_STRAYS` files, or :data:`IMAGE_FOLDER_STRAY_FRACTION` of its files if that
+#: is more (``README.txt``, ``Thumbs.db``, ``labels.csv``, ...; they are left out and named).
+IMAGE_FOLDER_STRAYS = 3
+IMAGE_FOLDER_STRAY_FRACTION = 0.1
+
+
+def _not_an_image_folder(names: Sequence[str], depth: int) -> str | None:
+    """Why ``names`` do not make an image folder whose images are ``depth`` directories deep, or
+    ``None`` if they do (see :func:`detect_source_type`)."""
+    images = [n for n in names if image_depth(n) == depth]
+    if not images:
+        deep = {1: "one directory", 2: "two directories"}.get(depth, f"{depth} directories")
+        return f"no image is {deep} deep"
+    stems = {key_stem(n) for n in images}
+    image_set = set(images)
+    others = [n for n in names if n not in image_set]
+    paired = [n for n in others if key_stem(n) in stems]
+    if paired:
+        return (
+            f"{plural(len(paired), 'file')} such as {few(paired, 3)} share the name of an image "
+            "beside them, which makes samples of several fields"
+        )
+    allowed = max(IMAGE_FOLDER_STRAYS, int(len(names) * IMAGE_FOLDER_STRAY_FRACTION))
+    if len(others) > allowed:
+        return (
+            f"{len(others)} of its {len(names)} files are not images inside a class directory "
+            f"(such as {few(others, 3)}); an image folder may hold at most {allowed} such files"
+        )
+    return None
+
+
+def _detect(
+    store: Store,
+    keys: Sequence[str] | None,
+    listing: Sequence[ObjectMeta] | None,
+    where: str | None = None,
+) -> tuple[str, list[str]]:
+    """The source type of a corpus and the warnings that go with the guess (see
+    :func:`detect_source_type`). ``where`` names the corpus in warnings (default: its URL)."""
+    if keys is None and store.exists(MANIFEST_NAME):
+        return "shards", []
+    if keys is not None:
+        names = list(keys)
+    else:
+        names = [m.key for m in (listing if listing is not None else list_visible(store))]
+    if not names:
+        raise InvalidArgumentError(
+            f"no input files in {store.url} (empty input; hidden files are ignored)"
+        )
+    exts = {file_extension(n) for n in names}
+    for family, name in _RECORD_TYPES:
+        if exts <= family:
+            return name, []
+    shard_names = [n for n in names if file_extension(n) != "idx"]
+    shard_formats = ShardNames.from_registry()
+    if shard_names and all(shard_formats.format_of(n) is not None for n in shard_names):
+        return "shards", []
+    why = _not_an_image_folder(names, 1)
+    if why is None:
+        return "imagefolder", []
+    where = where or store.url
+    n_images = sum(image_depth(n) is not None for n in names)
+    if 2 * n_images <= len(names):  # not mostly images: a file tree, nothing to say
+        return "files", []
+    if _not_an_image_folder(names, 2) is None:
+        example = next(n for n in names if image_depth(n) == 2)
+        splits = sorted({n.split("/")[0] for n in names if image_depth(n) == 2})
+        inner = where.rstrip("/") + "/" + splits[0]
+        return "files", [
+            f"{where} is taken as a file tree (source type files), so its samples get no class "
+            f"label: its images are two directories deep (such as {example}), as in image "
+            f"folders one level down ({few(splits)}). To convert one of them as an image folder "
+            f"with a class label per image, point the source at it, e.g. {inner}; pass "
+            "--source-type files (source_type='files') to keep the whole tree as files without "
+            "this warning"
+        ]
+    if not any(image_depth(n) == 1 for n in names):  # a flat or deeper tree: files, clearly
+        return "files", []
+    return "files", [
+        f"{where} is taken as a file tree (source type files), so its samples get no class "
+        f"label: {n_images} of its {plural(len(names), 'file')} "
+        f"{'is an image' if n_images == 1 else 'are images'}, but it is not an image folder "
+        f"(root/<class>/<image>) because {why}. Pass --source-type imagefolder "
+        "(source_type='imagefolder') to convert it as an image folder with a class label per "
+        "image (the other files are then left out and named), or --source-type files to keep it "
+        "a file tree without this warning"
+    ]
+
+
+def detect_source_type(
+    store: Store, keys: Sequence[str] | None = None, listing: Sequence[ObjectMeta] | None = None
+) -> str:
+    """Guess the source type of a corpus (see ``fastload/convert/README.md``).
+
+    Order: a ``fastload.json`` → ``shards``; all files JSONL / text / CSV / Parquet → that type;
+    all files shards (``.tar``, ``.tfrecord`` also compressed as ``.tfrecord.gz``/``.zz``,
+    ``.lmdb``) → ``shards``; images (by extension) exactly one directory deep, with at most
+    :data:`IMAGE_FOLDER_STRAYS` other files or :data:`IMAGE_FOLDER_STRAY_FRACTION` of the files
+    (whichever is more) and no other file named like an image beside it (``x.jpg`` +
+    ``x.json`` is one sample of two fields) → ``imagefolder``; anything else → ``files``.
+    :func:`open_source` also warns when a tree of mostly images falls back to ``files``.
+
+    Raises:
+        InvalidArgumentError: The corpus is empty.
+    """
+    return _detect(store, keys, listing)[0]
+
+
+def open_source(
+    src: str | os.PathLike[str],
+    *,
+    source_type: str | None = None,
+    store_options: Mapping[str, Any] | None = None,
+) -> Source:
+    """Open ``src`` (a directory / prefix URL, or one file) as a :class:`Source`.
+
+    A local path naming a file, or a URL whose last segment has a known record or shard extension,
+    is a one-file corpus read from its parent directory.
+
+    Raises:
+        InvalidArgumentError: Unknown ``source_type`` or empty corpus.
+        ObjectNotFoundError: ``src`` does not exist.
+    """
+    text = os.fspath(src)
+    options = dict(store_options or {})
+    keys: list[str] | None = None
+    if "://" not in text:
+        if os.path.isfile(text):
+            parent, base = os.path.split(os.path.abspath(text))
+            store, keys = open_store(parent, **options), [base]
+        elif os.path.isdir(text):
+            store = open_store(text, **options)
+        else:
+            raise ObjectNotFoundError(f"conversion source {text!r} does not exist", url=text)
+    else:
+        base = text.rstrip("/").rsplit("/", 1)[-1]
+        one_file = file_extension(base) in _RECORD_EXT or (
+            ShardNames.from_registry().format_of(base) is not None
+        )
+        if not text.endswith("/") and one_file:
+            store, keys = open_store(text.rstrip("/").rsplit("/", 1)[0], **options), [base]
+            if not store.exists(base):
+                raise ObjectNotFoundError(f"conversion source {text} does not exist", url=text)
+        else:
+            store = open_store(text, **options)
+    listing = list_visible(store) if keys is None else None
+    warnings: list[str] = []
+    if source_type:
+        name = source_type
+    else:
+        name, warnings = _detect(store, keys, listing, where=text)
+    cls = SOURCES.load(name)
+    canonical = SOURCES.canonical(name)
+    extra: dict[str, Any] = {}
+    if cls is ShardSource and canonical == "shards" and name.lower() != canonical:
+        # The source type names a format (``--source-type wds``): the shards' format.
+        extra["format"] = FORMATS.canonical(name)
+    source: Source = cls(store, keys, **extra)
+    source._listing = listing
+    source.warnings.extend(warnings)
+    return source

@@ -1,0 +1,189 @@
+"""Table sources: CSV and Parquet files read with pyarrow, one sample per row."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from fastload.convert.sources._base import PlanReporter, Unit, sanitize_field_name
+from fastload.convert.sources._records import RecordSource, record_key, record_sample
+from fastload.errors import CorruptDataError, FastloadError
+from fastload.formats._sample import KEY
+
+__all__ = ["CsvSource", "ParquetSource"]
+
+
+def _pyarrow(module: str) -> Any:
+    from fastload._plugins import require
+
+    return require(module, extra="parquet", feature="converting CSV and Parquet")
+
+
+class _TableSource(RecordSource):
+    """Shared column handling of CSV and Parquet: every file must have the same columns."""
+
+    def _check_columns(
+        self, key: str, names: list[str], first: list[str] | None, report: PlanReporter
+    ) -> bool:
+        if first is not None and names != first:
+            report(
+                key,
+                f"has columns {names}, but the first file has {first}; every file must have the "
+                "same columns (inconsistent columns)",
+            )
+            return False
+        fields = [sanitize_field_name(n) for n in names if n != KEY]
+        if len(set(fields)) != len(fields):
+            report(key, f"columns {names} map to duplicate field names {fields}")
+            return False
+        return True
+
+    def _rows(
+        self, key: str, rows: Iterable[tuple[int, Mapping[str, Any]]]
+    ) -> Iterator[tuple[int, dict[str, Any] | Exception]]:
+        stem = self._file_stem(key)
+        for index, row in rows:
+            yield index, record_sample(row, record_key(stem, index), f"{key}:row {index}")
+
+
+class CsvSource(_TableSource):
+    """CSV with a header row (read with pyarrow): one sample per row, columns become fields.
+
+    Cells are kept as their text (UTF-8 bytes); empty cells omit the field. A ``__key__`` column
+    gives the sample key, otherwise ``<file stem>/<0-based row index, 9 digits>``. Every file must
+    have the same header.
+    """
+
+    type_name = "csv"
+
+    def _open(self, key: str, names: list[str] | None) -> Any:
+        pa = _pyarrow("pyarrow")
+        csv = _pyarrow("pyarrow.csv")
+        convert = (
+            csv.ConvertOptions(
+                column_types={n: pa.string() for n in names}, strings_can_be_null=True
+            )
+            if names is not None
+            else None
+        )
+        return csv.open_csv(
+            self.store.open_reader(key),
+            read_options=csv.ReadOptions(block_size=1 << 22),
+            convert_options=convert,
+        )
+
+    def plan_units(self, report: PlanReporter) -> list[Unit]:
+        units: list[Unit] = []
+        first: list[str] | None = None
+        for meta in self.listing():
+            try:
+                names = list(self._open(meta.key, None).schema.names)
+                if not self._check_columns(meta.key, names, first, report):
+                    continue
+                first = first or names
+                row = 0
+                for batch in self._open(meta.key, names):
+                    per_row = max(1, batch.nbytes // max(1, batch.num_rows))
+                    for _ in range(batch.num_rows):
+                        units.append(
+                            Unit(f"{meta.key}:row {row}", (meta.key, 0, row), per_row, len(names))
+                        )
+                        row += 1
+            except (OSError, FastloadError) as exc:
+                report(meta.key, f"cannot be read: {exc}")
+            except Exception as exc:  # pyarrow.ArrowInvalid and friends
+                report(meta.key, f"is not valid CSV: {exc}")
+        return units
+
+    def _read_group(
+        self, key: str, group: int, indices: Sequence[int]
+    ) -> Iterator[tuple[int, dict[str, Any] | Exception]]:
+        wanted = iter(indices)
+        nxt = next(wanted, None)
+        try:
+            names = list(self._open(key, None).schema.names)
+            row = 0
+            for batch in self._open(key, names):
+                if nxt is None:
+                    return
+                if nxt >= row + batch.num_rows:
+                    row += batch.num_rows
+                    continue
+                records = batch.to_pylist()
+                picked = []
+                while nxt is not None and nxt < row + len(records):
+                    picked.append((nxt, records[nxt - row]))
+                    nxt = next(wanted, None)
+                yield from self._rows(key, picked)
+                row += len(records)
+        except Exception as exc:
+            err = (
+                exc
+                if isinstance(exc, (OSError, FastloadError))
+                else CorruptDataError(f"cannot read CSV: {exc}", url=self.store.child_url(key))
+            )
+            while nxt is not None:
+                yield nxt, err
+                nxt = next(wanted, None)
+
+
+class ParquetSource(_TableSource):
+    """Parquet (read with pyarrow, one row group at a time): one sample per row.
+
+    Binary columns stay bytes; other types per the module docstring. A ``__key__`` column gives the
+    sample key, otherwise ``<file stem>/<0-based row index in the file, 9 digits>``. Every file must
+    have the same column names. ``ref = (file key, row group, row index in the file)``.
+    """
+
+    type_name = "parquet"
+
+    def _file(self, key: str) -> Any:
+        pq = _pyarrow("pyarrow.parquet")
+        return pq.ParquetFile(self.store.open_reader(key))
+
+    def plan_units(self, report: PlanReporter) -> list[Unit]:
+        units: list[Unit] = []
+        first: list[str] | None = None
+        for meta in self.listing():
+            try:
+                pf = self._file(meta.key)
+                names = list(pf.schema_arrow.names)
+                if not self._check_columns(meta.key, names, first, report):
+                    continue
+                first = first or names
+                row = 0
+                for g in range(pf.metadata.num_row_groups):
+                    rg = pf.metadata.row_group(g)
+                    per_row = max(1, rg.total_byte_size // max(1, rg.num_rows))
+                    for _ in range(rg.num_rows):
+                        units.append(
+                            Unit(f"{meta.key}:row {row}", (meta.key, g, row), per_row, len(names))
+                        )
+                        row += 1
+            except (OSError, FastloadError) as exc:
+                report(meta.key, f"cannot be read: {exc}")
+            except Exception as exc:
+                report(meta.key, f"is not valid Parquet: {exc}")
+        return units
+
+    def _read_group(
+        self, key: str, group: int, indices: Sequence[int]
+    ) -> Iterator[tuple[int, dict[str, Any] | Exception]]:
+        try:
+            pf = self._file(key)
+            first_row = sum(pf.metadata.row_group(g).num_rows for g in range(group))
+            records = pf.read_row_group(group).to_pylist()
+        except Exception as exc:
+            err = (
+                exc
+                if isinstance(exc, (OSError, FastloadError))
+                else CorruptDataError(
+                    f"cannot read row group {group}: {exc}", url=self.store.child_url(key)
+                )
+            )
+            for i in indices:
+                yield i, err
+            return
+        yield from self._rows(
+            key, ((i, records[i - first_row]) for i in indices if 0 <= i - first_row < len(records))
+        )
