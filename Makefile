@@ -46,19 +46,18 @@ TF_STAMP = .venv-tf/.installed
 $(TF_STAMP): tools/tf-venv.sh
 	tools/tf-venv.sh
 
-## test: install what the tests need (Debian's Ceph packages, a TensorFlow venv for interop tests),
-## lint, type-check and run the whole test suite (it starts a throw-away local Ceph cluster)
-test: $(STAMP) $(TF_STAMP)
-	tools/system-deps.sh
-	$(VENV)/bin/ruff check fastload tests benchmarks tools
-	$(VENV)/bin/ruff format --check fastload tests benchmarks tools
-	$(VENV)/bin/mypy
-	$(PY) -m pytest tests
-
+## lint: ruff (lint and format check) over the code and tests, mypy (strict) over the package
 lint: $(STAMP)
 	$(VENV)/bin/ruff check fastload tests benchmarks tools
 	$(VENV)/bin/ruff format --check fastload tests benchmarks tools
 	$(VENV)/bin/mypy
+
+## test: install what the tests need (Debian's Ceph packages, a TensorFlow venv for interop tests),
+## lint and type-check (`lint`), then run the whole test suite (it starts a throw-away local Ceph
+## cluster)
+test: lint $(TF_STAMP)
+	tools/system-deps.sh
+	$(PY) -m pytest tests
 
 ## bench: run the benchmarks side by side with the peers (see benchmarks/README.md)
 bench: $(STAMP)

@@ -48,12 +48,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks._harness import PEERS_PYTHON, Table, alternating
 from benchmarks.corpus import DEFAULT_ROOT, ensure_corpus
 
-PEERS_PYTHON = os.environ.get(
-    "FASTLOAD_PEERS_PYTHON",
-    str(Path(__file__).resolve().parent.parent / ".venv-bench" / "bin" / "python"),
-)
 FORMATS = ("webdataset", "tfrecord", "lmdb")
 GOAL_TAR = 0.8
 GOAL_PEER = 2.0
@@ -235,14 +232,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
     )
     try:
-        for r in range(rounds):
-            order = contenders if r % 2 == 0 else contenders[::-1]
-            for c in order:
-                _run(c, work / ("out.tar" if c.name == "tar" else f"out-{c.name}"))
-                print(
-                    f"  round {r + 1}: {c.name:18s} {c.walls[-1]:7.2f} s wall "
-                    f"{c.cpus[-1]:7.2f} s CPU"
-                )
+        for r, c in alternating(contenders, rounds):
+            _run(c, work / ("out.tar" if c.name == "tar" else f"out-{c.name}"))
+            print(f"  round {r}: {c.name:18s} {c.walls[-1]:7.2f} s wall {c.cpus[-1]:7.2f} s CPU")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -259,10 +251,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     print()
     cpu_med = {c.name: statistics.median(c.cpus) for c in contenders}
-    print(
-        f"{'contender':18s} {'wall s':>8s} {'img/s':>8s} {'MB/s':>7s} {'CPU s':>7s} "
-        f"{'out MB':>7s} {'x tar':>6s} {'x best peer':>11s} {'CPU x tar':>9s} {'CPU x peer':>10s}"
+    table = Table(
+        ("contender", 18),
+        ("wall s", 8),
+        ("img/s", 8),
+        ("MB/s", 7),
+        ("CPU s", 7),
+        ("out MB", 7),
+        ("x tar", 6),
+        ("x best peer", 11),
+        ("CPU x tar", 9),
+        ("CPU x peer", 10),
     )
+    print(table.header())
     for c in contenders:
         wall = med[c.name]
         row = {
@@ -279,10 +280,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         }
         results["contenders"][c.name] = row
         print(
-            f"{c.name:18s} {wall:8.2f} {row['images_per_s']:8.0f} {row['mb_per_s']:7.0f} "
-            f"{row['cpu_s']:7.2f} {c.out_bytes / 1e6:7.0f} {row['ratio_tar']:6.2f} "
-            f"{row['ratio_best_peer']:11.2f} {row['cpu_ratio_tar']:9.2f} "
-            f"{row['cpu_ratio_best_peer']:10.2f}"
+            table.row(
+                c.name,
+                f"{wall:.2f}",
+                f"{row['images_per_s']:.0f}",
+                f"{row['mb_per_s']:.0f}",
+                f"{row['cpu_s']:.2f}",
+                f"{c.out_bytes / 1e6:.0f}",
+                f"{row['ratio_tar']:.2f}",
+                f"{row['ratio_best_peer']:.2f}",
+                f"{row['cpu_ratio_tar']:.2f}",
+                f"{row['cpu_ratio_best_peer']:.2f}",
+            )
         )
     print(f"\nbest peer: {best_peer}; goals: >= {GOAL_TAR} x tar, >= {GOAL_PEER} x best peer")
     for fmt in formats:

@@ -25,49 +25,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.corpus import Corpus, ensure_corpus
+from benchmarks._harness import (
+    Table,
+    alternating,
+    dali_batches,
+    emit_result,
+    fmt_ratio,
+    median_rate,
+    print_round,
+    ratio,
+    run_child,
+    time_batches,
+    warm,
+)
+from benchmarks.corpus import ensure_corpus
 
 THREADS = 2
 BATCH = 64
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
-
-
-def _warm(paths: Iterable[str | Path]) -> None:
-    buf = bytearray(4 << 20)
-    for p in paths:
-        with open(p, "rb", buffering=0) as f:
-            while f.readinto(buf):
-                pass
-
-
-def _timed(batches: Iterable[Any], limit: int, warmup: int = 2) -> dict[str, float]:
-    """Consume batches up to ``limit`` samples; the rate counts after ``warmup`` batches."""
-    n = seen = counted = 0
-    t0 = start = time.perf_counter()
-    for batch in batches:
-        size = len(batch[1])
-        seen += size
-        n += 1
-        if n == warmup:
-            start, counted = time.perf_counter(), 0
-        elif n > warmup:
-            counted += size
-        if seen >= limit:
-            break
-    end = time.perf_counter()
-    if n <= warmup:
-        counted, start = seen, t0
-    return {"samples": counted, "seconds": end - start, "total_seconds": end - t0}
 
 
 # ---- children -----------------------------------------------------------------------------------
@@ -76,7 +56,7 @@ def _timed(batches: Iterable[Any], limit: int, warmup: int = 2) -> dict[str, flo
 def child_fastload_dali(cfg: dict[str, Any], reader: str, py_workers: int) -> dict[str, float]:
     from fastload.dali import DALILoader, ImageAugment
 
-    _warm(Path(cfg["wds"]).glob("*"))
+    warm(Path(cfg["wds"]).glob("*"))
     loader = DALILoader(
         cfg["wds"],
         BATCH,
@@ -87,7 +67,7 @@ def child_fastload_dali(cfg: dict[str, Any], reader: str, py_workers: int) -> di
         py_workers=py_workers,
         seed=0,
     )
-    result = _timed(loader, min(cfg["limit"], len(loader) * BATCH))
+    result = time_batches(loader, min(cfg["limit"], len(loader) * BATCH))
     result["stall_s"] = loader.stats()["data_stall_s"]
     return result
 
@@ -95,30 +75,18 @@ def child_fastload_dali(cfg: dict[str, Any], reader: str, py_workers: int) -> di
 def child_dali_file(cfg: dict[str, Any]) -> dict[str, float]:
     import importlib
 
-    import numpy as np
-    import torch
-
     from fastload.dali import ImageAugment
 
     dali: Any = importlib.import_module("nvidia.dali")
     root = cfg["folder"]
-    _warm(p for p in Path(root).rglob("*.jpg"))
+    warm(p for p in Path(root).rglob("*.jpg"))
     augment = ImageAugment(size=224)
     pipe = dali.Pipeline(batch_size=BATCH, num_threads=THREADS, device_id=None, seed=0)
     with pipe:
         jpegs, labels = dali.fn.readers.file(file_root=root, random_shuffle=True, name="files")
         pipe.set_outputs(*augment(jpegs, labels, device="cpu"))
     pipe.build()
-
-    def batches() -> Iterable[Any]:
-        while True:
-            images, labels = pipe.run()
-            yield (
-                torch.from_numpy(np.array(images.as_tensor())),
-                torch.from_numpy(np.array(labels.as_tensor())).view(-1),
-            )
-
-    return _timed(batches(), cfg["limit"])
+    return time_batches(dali_batches(pipe), cfg["limit"])
 
 
 def child_fastload_torch(cfg: dict[str, Any]) -> dict[str, float]:
@@ -128,7 +96,7 @@ def child_fastload_torch(cfg: dict[str, Any]) -> dict[str, float]:
     from fastload.loader.decode import Decoder
     from fastload.loader.transforms import ImageTrainTransform
 
-    _warm(Path(cfg["wds"]).glob("*"))
+    warm(Path(cfg["wds"]).glob("*"))
     tf = ImageTrainTransform()
     ds = fl.open_dataset(
         cfg["wds"], seed=0, decode=Decoder(image="bytes"), transform=tf, fields=("jpg", "cls")
@@ -140,10 +108,10 @@ def child_fastload_torch(cfg: dict[str, Any]) -> dict[str, float]:
             yield tf.batch_transform(images), labels
 
     torch.set_num_threads(1)
-    return _timed(batches(), cfg["limit"])
+    return time_batches(batches(), cfg["limit"])
 
 
-def run_child(spec: dict[str, Any]) -> dict[str, float]:
+def child(spec: dict[str, Any]) -> dict[str, float]:
     kind, cfg = spec["kind"], spec["cfg"]
     if kind == "fastload-dali-external":
         return child_fastload_dali(cfg, "external", spec.get("py_workers", 1))
@@ -159,44 +127,6 @@ def run_child(spec: dict[str, Any]) -> dict[str, float]:
 # ---- parent -------------------------------------------------------------------------------------
 
 
-def prepare_wds(corpus: Corpus, shards: int = 16) -> Path:
-    """The corpus as fastload WebDataset shards (shared with bench_loader's ``-wds-`` copy)."""
-    import fastload.convert as fc
-
-    dst = corpus.root.parent / f"{corpus.root.name}-wds-{corpus.count}"
-    if not (dst / "fastload.json").exists():
-        t0 = time.perf_counter()
-        fc.convert(
-            str(corpus.folder()),
-            str(dst),
-            format="webdataset",
-            shard_samples=math.ceil(corpus.count / shards),
-            workers=THREADS,
-            quiet=True,
-        )
-        print(f"prepared fastload webdataset shards in {time.perf_counter() - t0:.1f} s: {dst}")
-    return dst
-
-
-def _run(spec: dict[str, Any], timeout: float = 900) -> dict[str, Any]:
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks.bench_dali", "--child", json.dumps(spec)],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).resolve().parent.parent,
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s"}
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            result: dict[str, Any] = json.loads(line[7:])
-            return result
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-    return {"error": f"exit {proc.returncode}: {' | '.join(tail)}"}
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="fastload DALI benchmark (W1 images, CPU)")
     parser.add_argument("--quick", action="store_true", help="2,000 images, 2 rounds")
@@ -207,13 +137,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print("RESULT " + json.dumps(run_child(json.loads(args.child))), flush=True)
+        emit_result(child(json.loads(args.child)))
         return 0
     count = args.count or (2000 if args.quick else 10_000)
     rounds = args.rounds or (2 if args.quick else 3)
     corpus = ensure_corpus(count)
     folder = corpus.folder()
-    wds = prepare_wds(corpus)
+    wds = corpus.webdataset(shards=16, workers=THREADS)
     cfg = {"folder": str(folder), "wds": str(wds), "limit": count}
     plan: list[tuple[str, dict[str, Any]]] = [
         ("dali-file", {"kind": "dali-file"}),
@@ -231,30 +161,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"corpus: {count} JPEGs at {folder}; {rounds} rounds, batch {BATCH}, {THREADS} threads")
     results: dict[str, list[dict[str, Any]]] = {}
     t_start = time.perf_counter()
-    for r in range(rounds):
-        for name, spec in plan:
-            res = _run({**spec, "cfg": cfg})
-            results.setdefault(name, []).append(res)
-            if "error" in res:
-                print(f"  round {r + 1} {name:28s} ERROR {res['error']}", flush=True)
-            else:
-                rate = res["samples"] / res["seconds"]
-                print(f"  round {r + 1} {name:28s} {rate:8.0f} img/s", flush=True)
-    rates: dict[str, float | None] = {}
-    for name, runs in results.items():
-        ok = [x["samples"] / x["seconds"] for x in runs if "error" not in x and x["seconds"] > 0]
-        rates[name] = statistics.median(ok) if ok else None
+    for r, (name, spec) in alternating(plan, rounds):
+        argv = [sys.executable, "-m", "benchmarks.bench_dali", "--child"]
+        res = run_child([*argv, json.dumps({**spec, "cfg": cfg})], timeout=900)
+        results.setdefault(name, []).append(res)
+        print_round(r, f"{name:28s}", res, unit="img/s")
+    rates = {name: median_rate(runs) for name, runs in results.items()}
     ref = rates.get("dali-file")
     torch_rate = rates.get("fastload-torch")
     print(f"\n== train path, medians of {rounds} rounds ==")
-    print(f"{'loader':28s} {'img/s':>8s} {'vs dali-file':>13s} {'vs fastload-torch':>18s}")
+    table = Table(("loader", 28), ("img/s", 8), ("vs dali-file", 13), ("vs fastload-torch", 18))
+    print(table.header())
     for name, rate in rates.items():
         if rate is None:
-            print(f"{name:28s} ERROR {results[name][-1].get('error', '')}")
+            print(table.error(name, results[name][-1].get("error", "")))
             continue
-        vs_ref = f"{rate / ref:.2f}x" if ref else "-"
-        vs_torch = f"{rate / torch_rate:.2f}x" if torch_rate else "-"
-        print(f"{name:28s} {rate:8.0f} {vs_ref:>13s} {vs_torch:>18s}")
+        vs_ref, vs_torch = fmt_ratio(ratio(rate, ref)), fmt_ratio(ratio(rate, torch_rate))
+        print(table.row(name, f"{rate:.0f}", vs_ref, vs_torch))
     report = {
         "rates": rates,
         "runs": results,

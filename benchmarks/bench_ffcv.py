@@ -44,12 +44,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.corpus import Corpus, ensure_corpus
+from benchmarks._harness import PEERS_PYTHON, REPO, Table, emit_result, ok_runs, run_child
+from benchmarks.corpus import Corpus, FileBytes, ensure_corpus
 
-REPO = Path(__file__).resolve().parent.parent
-PEERS_PYTHON = os.environ.get("FASTLOAD_PEERS_PYTHON") or str(
-    REPO / ".venv-bench" / "bin" / "python"
-)
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 BATCH = 64
@@ -93,20 +90,6 @@ def _jpeg_field_class() -> type:
     return JpegBytesField
 
 
-class _FileDataset:
-    """Indexed dataset for FFCV's writer: ``(JPEG file bytes, label)`` in corpus order."""
-
-    def __init__(self, files: Sequence[tuple[str, int]]) -> None:
-        self.files = list(files)
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, i: int) -> tuple[bytes, int]:
-        path, label = self.files[i]
-        return Path(path).read_bytes(), label
-
-
 def _child_write(spec: dict[str, Any]) -> dict[str, Any]:
     from ffcv.fields import IntField
     from ffcv.writer import DatasetWriter
@@ -117,7 +100,7 @@ def _child_write(spec: dict[str, Any]) -> dict[str, Any]:
     field = _jpeg_field_class()
     writer = DatasetWriter(str(tmp), {"image": field(), "label": IntField()}, num_workers=WORKERS)
     t0 = time.perf_counter()
-    writer.from_indexed_dataset(_FileDataset(corpus.files()), chunksize=100)
+    writer.from_indexed_dataset(FileBytes(corpus.files()), chunksize=100)
     seconds = time.perf_counter() - t0
     tmp.rename(out)
     return {"seconds": seconds, "samples": corpus.count, "bytes": out.stat().st_size}
@@ -215,19 +198,9 @@ def _child_train(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_child(mode: str, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
-    proc = subprocess.run(
-        [PEERS_PYTHON, "-m", "benchmarks.bench_ffcv", "--child", mode, json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=timeout,
-    )
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            result: dict[str, Any] = json.loads(line[7:])
-            return result
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-    return {"error": f"{mode} child exit {proc.returncode}: {' | '.join(tail)}"}
+    """Run the ``write`` or ``train`` child in the peers' interpreter; its result or error."""
+    argv = [PEERS_PYTHON, "-m", "benchmarks.bench_ffcv", "--child", mode, json.dumps(spec)]
+    return run_child(argv, timeout=timeout)
 
 
 def _why_not() -> str:
@@ -259,8 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.child:
         mode, spec = args.child[0], json.loads(args.child[1])
-        result = _child_write(spec) if mode == "write" else _child_train(spec)
-        print("RESULT " + json.dumps(result), flush=True)
+        emit_result(_child_write(spec) if mode == "write" else _child_train(spec))
         return 0
 
     count = args.count or (2_000 if args.quick else 10_000)
@@ -322,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True,
         )
     report["runs"] = runs
-    ok = [x for x in runs if "error" not in x and x["seconds"] > 0]
+    ok = ok_runs(runs)
     if not ok:
         report["skipped"] = f"every round failed: {runs[-1].get('error')}"
         print(f"ffcv: {report['skipped']}")
@@ -340,8 +312,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
     )
     print(f"\n== train, ffcv (median of {len(ok)} rounds) ==")
-    print(f"{'loader':22s} {'img/s':>8s} {'CPU-ms/img':>11s} {'epoch 1 s':>10s}")
-    print(f"{'ffcv':22s} {rate:8.0f} {cpu_ms:11.2f} {epoch1:10.1f}")
+    table = Table(("loader", 22), ("img/s", 8), ("CPU-ms/img", 11), ("epoch 1 s", 10))
+    print(table.header())
+    print(table.row("ffcv", f"{rate:.0f}", f"{cpu_ms:.2f}", f"{epoch1:.1f}"))
     return finish(0)
 
 

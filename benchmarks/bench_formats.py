@@ -41,6 +41,7 @@ import lmdb
 import msgpack
 import numpy as np
 
+from benchmarks._harness import alternating
 from fastload.formats import Format, get_format
 from fastload.formats.lmdb import LMDBReader
 from fastload.storage import LocalStore
@@ -280,10 +281,8 @@ def _run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     for _, fn in contenders:  # warm-up: page cache, imports, first opens
         fn()
     timings = Timings()
-    for r in range(args.rounds):
-        order = contenders if r % 2 == 0 else contenders[::-1]
-        for name, fn in order:
-            timings.add(name, fn())
+    for _, (name, fn) in alternating(contenders, args.rounds):
+        timings.add(name, fn())
 
     results: dict[str, Any] = {
         "samples": args.samples,

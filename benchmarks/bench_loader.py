@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import math
 import os
 import resource
 import statistics
@@ -42,31 +41,35 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.corpus import DEFAULT_ROOT, Corpus, ensure_corpus
+from benchmarks._harness import (
+    PEERS_PYTHON,
+    REPO,
+    Table,
+    alternating,
+    dali_batches,
+    emit_result,
+    fmt_ratio,
+    median_rate,
+    ok_runs,
+    print_round,
+    ratio,
+    run_child,
+    time_batches,
+    warm,
+)
+from benchmarks.corpus import DEFAULT_ROOT, Corpus, FileBytes, ensure_corpus
 
-BENCH_VENV = Path(__file__).resolve().parent.parent / ".venv-bench" / "bin" / "python"
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 WORKERS = 2
+#: Loader kinds that run in the peers' interpreter (they do not install beside fastload).
+PEER_KINDS = frozenset({"litdata", "mosaic"})
+#: The train workload's peers that decode with PIL ("vs best PIL peer").
+PIL_PEERS = ("torch", "webdataset", "litdata", "mosaic")
 
 # ---------------------------------------------------------------------------------------------
 # Shared pieces used inside the child processes (module level so that workers can pickle them)
 # ---------------------------------------------------------------------------------------------
-
-
-class FileBytes:
-    """Map-style dataset over loose files: ``(file bytes, label)``."""
-
-    def __init__(self, files: Sequence[tuple[str, int]]) -> None:
-        self.files = list(files)
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, i: int) -> tuple[bytes, int]:
-        path, label = self.files[i]
-        with open(path, "rb") as f:
-            return f.read(), label
 
 
 def pil_train(data: bytes, rng: np.random.Generator | None = None) -> Any:
@@ -106,18 +109,18 @@ def bytes_as_list(samples: list[tuple[bytes, int]]) -> tuple[list[bytes], Any]:
     return [s[0] for s in samples], torch.tensor([s[1] for s in samples], dtype=torch.int64)
 
 
+def _as_workload(data: bytes, label: Any, workload: str) -> tuple[Any, int]:
+    """A peer's sample as the workload wants it: ``(bytes, label)`` for ``bytes``, else
+    ``(pil_train(bytes), label)``."""
+    return (data if workload == "bytes" else pil_train(data)), int(label)
+
+
 def _wds_label(sample: dict[str, Any]) -> tuple[bytes, int]:
     return sample["jpg"], int(sample["cls"])
 
 
 def _wds_train(sample: dict[str, Any]) -> tuple[Any, int]:
     return pil_train(sample["jpg"]), int(sample["cls"])
-
-
-def _count(batch: Any) -> int:
-    """Samples in a batch: the length of its label tensor (last element)."""
-    labels = batch[-1] if isinstance(batch, (tuple, list)) else batch["cls"]
-    return len(labels)
 
 
 def _cpu_seconds() -> float:
@@ -141,51 +144,19 @@ def _cpu_seconds() -> float:
     return total
 
 
-def _timed(batches: Iterable[Any], limit: int, warmup: int = 2) -> dict[str, float]:
-    """Consume batches up to ``limit`` samples; rate and CPU time measured after ``warmup``
-    batches (CPU: this process plus its workers)."""
-    n = seen = 0
-    t0 = time.perf_counter()
-    cpu0 = _cpu_seconds()
-    start, cpu_start = t0, cpu0
-    counted = 0
-    for batch in batches:
-        size = _count(batch)
-        seen += size
-        n += 1
-        if n == warmup:
-            start = time.perf_counter()
-            cpu_start = _cpu_seconds()
-            counted = 0
-        elif n > warmup:
-            counted += size
-        if seen >= limit:
-            break
-    end = time.perf_counter()
-    cpu_end = _cpu_seconds()
-    if n <= warmup:  # too few batches: count everything
-        counted, start, cpu_start = seen, t0, cpu0
-    return {
-        "samples": counted,
-        "seconds": end - start,
-        "total_seconds": end - t0,
-        "cpu_seconds": cpu_end - cpu_start,
-    }
-
-
-def _warm(paths: Iterable[str]) -> int:
-    total = 0
-    buf = bytearray(4 << 20)
-    for p in paths:
-        with open(p, "rb", buffering=0) as f:
-            while n := f.readinto(buf):
-                total += n
-    return total
-
-
 # ---------------------------------------------------------------------------------------------
 # Children: one loader measurement each
 # ---------------------------------------------------------------------------------------------
+
+
+def _measure(batches: Iterable[Any], cfg: dict[str, Any]) -> dict[str, float]:
+    """Time ``batches`` up to ``cfg["limit"]`` samples (see :func:`time_batches`), CPU time of
+    this process and its workers included; this process's torch runs on one thread (the
+    loader's workers or threads do the work)."""
+    import torch
+
+    torch.set_num_threads(1)
+    return time_batches(batches, cfg["limit"], cpu_clock=_cpu_seconds)
 
 
 def _shards(cfg: dict[str, Any]) -> list[str]:
@@ -195,21 +166,19 @@ def _shards(cfg: dict[str, Any]) -> list[str]:
 
 def child_pagecache(cfg: dict[str, Any]) -> dict[str, float]:
     paths = _shards(cfg)
-    _warm(paths)
+    warm(paths)
     t0 = time.perf_counter()
-    total = _warm(paths)
+    total = warm(paths)
     dt = time.perf_counter() - t0
     return {"bytes": total, "seconds": dt, "samples": cfg["count"]}
 
 
 def child_fastload(cfg: dict[str, Any], workload: str, variant: str = "") -> dict[str, float]:
-    import torch
-
     import fastload.loader as fl
     from fastload.loader.decode import Decoder
     from fastload.loader.transforms import ImageTrainTransform
 
-    _warm(_shards(cfg))
+    warm(_shards(cfg))
     batch = cfg["batch"]
     collate: Callable[..., Any] | None = None
     finish: Callable[[Any], Any] | None = None
@@ -232,29 +201,25 @@ def child_fastload(cfg: dict[str, Any], workload: str, variant: str = "") -> dic
                 batch = (finish(batch[0]), batch[1])
             yield batch
 
-    torch.set_num_threads(1)
-    return _timed(batches(), cfg["limit"])
+    return _measure(batches(), cfg)
 
 
 def child_torch(cfg: dict[str, Any], workload: str) -> dict[str, float]:
-    import torch
     from torch.utils.data import DataLoader
 
     corpus = Corpus(Path(cfg["root"]), cfg["count"])
     files = corpus.files()
-    _warm(p for p, _ in files)
+    warm(p for p, _ in files)
     ds = FileBytes(files) if workload == "bytes" else FileTrain(files)
     loader = DataLoader(ds, batch_size=cfg["batch"], shuffle=True, num_workers=WORKERS)
-    torch.set_num_threads(1)
-    return _timed(loader, cfg["limit"])
+    return _measure(loader, cfg)
 
 
 def child_webdataset(cfg: dict[str, Any], workload: str) -> dict[str, float]:
-    import torch
     import webdataset as wds
 
     shards = _shards(cfg)
-    _warm(shards)
+    warm(shards)
     fn = _wds_label if workload == "bytes" else _wds_train
     ds = (
         wds.WebDataset(shards, shardshuffle=len(shards), empty_check=False)
@@ -263,52 +228,45 @@ def child_webdataset(cfg: dict[str, Any], workload: str) -> dict[str, float]:
         .batched(cfg["batch"], partial=True)
     )
     loader = wds.WebLoader(ds, batch_size=None, num_workers=WORKERS)
-    torch.set_num_threads(1)
-    return _timed(loader, cfg["limit"])
+    return _measure(loader, cfg)
 
 
 def child_litdata(cfg: dict[str, Any], workload: str) -> dict[str, float]:
     import litdata
-    import torch
 
     class LitDS(litdata.StreamingDataset):  # type: ignore[misc]
         def __getitem__(self, index: Any) -> Any:
             s = super().__getitem__(index)
-            data = bytes(s["jpg"])  # litdata yields memoryviews, which workers cannot pickle
-            return (data if workload == "bytes" else pil_train(data)), int(s["cls"])
+            # litdata yields memoryviews, which workers cannot pickle
+            return _as_workload(bytes(s["jpg"]), s["cls"], workload)
 
-    _warm(str(p) for p in Path(cfg["litdata"]).glob("*"))
+    warm(str(p) for p in Path(cfg["litdata"]).glob("*"))
     ds = LitDS(input_dir=cfg["litdata"], shuffle=True, seed=0)
     loader = litdata.StreamingDataLoader(ds, batch_size=cfg["batch"], num_workers=WORKERS)
-    torch.set_num_threads(1)
-    return _timed(loader, cfg["limit"])
+    return _measure(loader, cfg)
 
 
 def child_mosaic(cfg: dict[str, Any], workload: str) -> dict[str, float]:
     import streaming
-    import torch
     from torch.utils.data import DataLoader
 
     class MdsDS(streaming.StreamingDataset):  # type: ignore[misc]
         def __getitem__(self, index: Any) -> Any:
             s = super().__getitem__(index)
-            data = s["jpg"]
-            return (data if workload == "bytes" else pil_train(data)), int(s["cls"])
+            return _as_workload(s["jpg"], s["cls"], workload)
 
-    _warm(str(p) for p in Path(cfg["mds"]).glob("*"))
+    warm(str(p) for p in Path(cfg["mds"]).glob("*"))
     streaming.base.util.clean_stale_shared_memory()
     ds = MdsDS(local=cfg["mds"], shuffle=True, shuffle_seed=0, batch_size=cfg["batch"])
     loader = DataLoader(ds, batch_size=cfg["batch"], num_workers=WORKERS)
-    torch.set_num_threads(1)
-    return _timed(loader, cfg["limit"])
+    return _measure(loader, cfg)
 
 
 def child_dali(cfg: dict[str, Any], workload: str) -> dict[str, float]:
-    import torch
     from nvidia.dali import fn, pipeline_def, types
 
     root = cfg["folder"]
-    _warm(str(p) for p in Path(root).rglob("*.jpg"))
+    warm(str(p) for p in Path(root).rglob("*.jpg"))
     batch = cfg["batch"]
 
     @pipeline_def(batch_size=batch, num_threads=WORKERS, device_id=None, seed=0)  # type: ignore[misc]
@@ -334,17 +292,7 @@ def child_dali(cfg: dict[str, Any], workload: str) -> dict[str, float]:
 
     p = pipe()
     p.build()
-
-    def batches() -> Iterable[Any]:
-        while True:
-            images, labels = p.run()
-            yield (
-                torch.from_numpy(np.array(images.as_tensor())),
-                torch.from_numpy(np.array(labels.as_tensor())).view(-1),
-            )
-
-    torch.set_num_threads(1)
-    return _timed(batches(), cfg["limit"])
+    return _measure(dali_batches(p), cfg)
 
 
 def child_single_core(cfg: dict[str, Any], workload: str, variant: str = "") -> dict[str, float]:
@@ -486,24 +434,6 @@ CHILDREN: dict[str, Callable[..., dict[str, float]]] = {
 # ---------------------------------------------------------------------------------------------
 
 
-def _prepare_fastload(corpus: Corpus, folder: Path, shards: int) -> Path:
-    from fastload.convert import convert
-
-    dst = corpus.root.parent / f"{corpus.root.name}-wds-{corpus.count}"
-    if not (dst / "fastload.json").exists():
-        t0 = time.perf_counter()
-        convert(
-            str(folder),
-            str(dst),
-            format="webdataset",
-            shard_samples=math.ceil(corpus.count / shards),
-            workers=WORKERS,
-            quiet=True,
-        )
-        print(f"prepared fastload webdataset shards in {time.perf_counter() - t0:.1f} s: {dst}")
-    return dst
-
-
 _PREP_MDS = """
 import sys
 from pathlib import Path
@@ -536,22 +466,22 @@ def prep_litdata(root: str, count: int, out: str) -> None:
 
 def _prepare_peer(kind: str, corpus: Corpus) -> tuple[Path | None, str]:
     """Convert the corpus for litdata / mosaicml-streaming in .venv-bench; (path, why not)."""
-    if not BENCH_VENV.exists():
-        return None, f"{BENCH_VENV} missing (see BENCHMARKS.md for how to build it)"
+    if not Path(PEERS_PYTHON).exists():
+        return None, f"{PEERS_PYTHON} missing: build it with tools/bench-env.sh"
     dst = corpus.root.parent / f"{corpus.root.name}-{kind}-{corpus.count}"
     done = dst.parent / f".{dst.name}.complete"
     if done.exists():
         return dst, ""
     if kind == "litdata":
-        cmd = [str(BENCH_VENV), "-m", "benchmarks.bench_loader", "--prep-litdata"]
+        cmd = [PEERS_PYTHON, "-m", "benchmarks.bench_loader", "--prep-litdata"]
     else:
-        cmd = [str(BENCH_VENV), "-c", _PREP_MDS]
+        cmd = [PEERS_PYTHON, "-c", _PREP_MDS]
     t0 = time.perf_counter()
     proc = subprocess.run(
         [*cmd, str(corpus.root), str(corpus.count), str(dst)],
         capture_output=True,
         text=True,
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=REPO,
         timeout=900,
     )
     if proc.returncode != 0:
@@ -559,26 +489,6 @@ def _prepare_peer(kind: str, corpus: Corpus) -> tuple[Path | None, str]:
     done.write_text("ok")
     print(f"prepared {kind} in {time.perf_counter() - t0:.1f} s: {dst}")
     return dst, ""
-
-
-def _run_child(spec: dict[str, Any], python: str, timeout: float) -> dict[str, Any]:
-    proc = subprocess.run(
-        [python, "-m", "benchmarks.bench_loader", "--child", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).resolve().parent.parent,
-        timeout=timeout,
-    )
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            result: dict[str, Any] = json.loads(line[7:])
-            return result
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-    return {"error": f"exit {proc.returncode}: {' | '.join(tail)}"}
-
-
-def _fmt_ratio(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}x"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -608,8 +518,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec = json.loads(args.child)
         fn = CHILDREN[spec["kind"]]
         kwargs = {k: spec[k] for k in ("workload", "variant") if spec.get(k)}
-        result = fn(spec["cfg"], **kwargs)
-        print("RESULT " + json.dumps(result), flush=True)
+        emit_result(fn(spec["cfg"], **kwargs))
         return 0
 
     quick = args.quick
@@ -621,9 +530,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             {"root": str(corpus.root), "count": count}, 6 if quick else 20
         )
         base = rates["pil-rrc-float"]
-        print(f"{'single core, interleaved':30s} {'img/s':>7s} {'vs PIL RRC':>10s}")
+        table = Table(("single core, interleaved", 30), ("img/s", 7), ("vs PIL RRC", 10))
+        print(table.header())
         for name, rate in rates.items():
-            print(f"{name:30s} {rate:7.0f} {rate / base:9.2f}x")
+            print(table.row(name, f"{rate:.0f}", fmt_ratio(rate / base)))
         if args.json:
             Path(args.json).write_text(json.dumps({"single_core": rates}, indent=2))
         return 0
@@ -631,7 +541,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     nbytes = corpus.total_bytes()
     mean_kb = nbytes / count / 1e3
     print(f"corpus: {count} JPEGs, {nbytes / 1e6:.0f} MB, mean {mean_kb:.1f} KB at {folder}")
-    wds_dir = _prepare_fastload(corpus, folder, shards=16)
+    wds_dir = corpus.webdataset(shards=16, workers=WORKERS)
     cfg: dict[str, Any] = {
         "root": str(corpus.root),
         "folder": str(folder),
@@ -640,15 +550,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "single_n": 128 if quick else 600,
     }
     skipped: dict[str, str] = {}
-    peers_python: dict[str, str] = {}
-    for kind in ("litdata", "mosaic"):
-        path, why = _prepare_peer("litdata" if kind == "litdata" else "mds", corpus)
+    for kind, prepared in (("litdata", "litdata"), ("mosaic", "mds")):
+        path, why = _prepare_peer(prepared, corpus)
         if path is None:
             skipped[kind] = why
             print(f"skipping {kind}: {why}")
         else:
-            cfg["litdata" if kind == "litdata" else "mds"] = str(path)
-            peers_python[kind] = str(BENCH_VENV)
+            cfg[prepared] = str(path)
 
     try:
         import nvidia.dali  # noqa: F401
@@ -697,30 +605,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                         {"kind": "single", "workload": "train", "variant": v, "cfg": t},
                     ),
                 )
+    runs = [
+        (workload, name, spec)
+        for workload, plan in plans.items()
+        for name, spec in plan
+        if (not want or name in want or spec["kind"] in want) and spec["kind"] not in skipped
+    ]
     results: dict[str, dict[str, list[dict[str, Any]]]] = {w: {} for w in plans}
     t_start = time.perf_counter()
-    for r in range(rounds):
-        for workload, plan in plans.items():
-            for name, spec in plan:
-                kind = spec["kind"]
-                if want and name not in want and kind not in want:
-                    continue
-                if kind in skipped:
-                    continue
-                python = peers_python.get(kind, sys.executable)
-                try:
-                    res = _run_child(spec, python, timeout=600)
-                except subprocess.TimeoutExpired:
-                    res = {"error": "timed out after 600 s"}
-                results[workload].setdefault(name, []).append(res)
-                if "error" in res:
-                    print(f"  round {r + 1} {workload:5s} {name:22s} ERROR {res['error']}")
-                else:
-                    rate = res["samples"] / res["seconds"]
-                    print(
-                        f"  round {r + 1} {workload:5s} {name:22s} {rate:9.0f} samples/s",
-                        flush=True,
-                    )
+    for r, (workload, name, spec) in alternating(runs, rounds):
+        python = PEERS_PYTHON if spec["kind"] in PEER_KINDS else sys.executable
+        res = run_child(
+            [python, "-m", "benchmarks.bench_loader", "--child", json.dumps(spec)], timeout=600
+        )
+        results[workload].setdefault(name, []).append(res)
+        print_round(r, f"{workload:5s} {name:22s}", res)
     report = _report(results, mean_kb, skipped)
     report["config"] = {"count": count, "rounds": rounds, "workers": WORKERS, "quick": quick}
     report["elapsed_s"] = time.perf_counter() - t_start
@@ -729,27 +628,116 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _median_rate(runs: list[dict[str, Any]]) -> float | None:
-    ok = [r["samples"] / r["seconds"] for r in runs if "error" not in r and r["seconds"] > 0]
-    return statistics.median(ok) if ok else None
-
-
 def _median_cpu_us(runs: list[dict[str, Any]]) -> float | None:
     """Median CPU microseconds per sample (loader process + workers), where measured."""
     ok = [
         r["cpu_seconds"] / r["samples"] * 1e6
-        for r in runs
-        if "error" not in r and r.get("cpu_seconds") and r["samples"] > 0
+        for r in ok_runs(runs)
+        if r.get("cpu_seconds") and r["samples"] > 0
     ]
     return statistics.median(ok) if ok else None
 
 
-def _cpu_col(cpu: float | None, best_peer_cpu: float | None, ours: bool) -> str:
+def _cpu_cells(cpu: float | None, best_peer_cpu: float | None, ours: bool) -> tuple[str, str]:
     """``CPU us/sample`` and, for fastload rows, the peer's CPU per sample over ours."""
     if cpu is None:
-        return f"{'-':>9s} {'':>8s}"
-    ratio = f"{best_peer_cpu / cpu:7.2f}x" if ours and best_peer_cpu else f"{'':>8s}"
-    return f"{cpu:9.0f} {ratio}"
+        return "-", ""
+    return f"{cpu:.0f}", fmt_ratio(ratio(best_peer_cpu, cpu)) if ours and best_peer_cpu else ""
+
+
+_BYTES_TABLE = Table(
+    ("loader", 22),
+    ("samples/s", 10),
+    ("MB/s", 8),
+    ("vs torch", 9),
+    ("vs best peer", 12),
+    ("of page cache", 13),
+    ("CPU us/s.", 9),
+    ("CPU gain", 8),
+)
+_TRAIN_TABLE = Table(
+    ("loader", 22),
+    ("img/s", 8),
+    ("vs DALI", 8),
+    ("vs best PIL peer", 16),
+    ("of 2-core limit", 15),
+    ("CPU us/img", 9),
+    ("DALI/ours", 8),
+)
+
+
+def _bytes_table(
+    by_name: dict[str, list[dict[str, Any]]],
+    rates: dict[str, float | None],
+    cpus: dict[str, float | None],
+    errors: dict[str, str],
+    mean_kb: float,
+) -> float | None:
+    """Print the bytes workload's table; return the page cache's read bandwidth (bytes/s)."""
+    bw = median_rate(by_name.get("pagecache", []), "bytes")
+    peers = [k for k in rates if not k.startswith(("fastload", "pagecache"))]
+    best_peer = max((v for k in peers if (v := rates[k])), default=None)
+    best_cpu = min((v for k in peers if (v := cpus[k])), default=None)
+    base = rates.get("torch")
+    print(_BYTES_TABLE.header())
+    if bw:
+        print(
+            _BYTES_TABLE.row("page cache (dd-like)", f"{bw / mean_kb / 1e3:.0f}", f"{bw / 1e6:.0f}")
+        )
+    for name, rate in rates.items():
+        if name == "pagecache":
+            continue
+        if rate is None:
+            print(_BYTES_TABLE.error(name, errors.get(name, "")))
+            continue
+        ours = name.startswith("fastload")
+        mbs = rate * mean_kb / 1e3
+        share = f"{mbs * 1e6 / bw * 100:.1f}%" if bw else "-"
+        vs_peer = fmt_ratio(ratio(rate, best_peer) if ours else None)
+        print(
+            _BYTES_TABLE.row(
+                name,
+                f"{rate:.0f}",
+                f"{mbs:.0f}",
+                fmt_ratio(ratio(rate, base)),
+                vs_peer,
+                share,
+                *_cpu_cells(cpus.get(name), best_cpu, ours),
+            )
+        )
+    return bw
+
+
+def _train_table(
+    rates: dict[str, float | None], cpus: dict[str, float | None], errors: dict[str, str]
+) -> float | None:
+    """Print the train workload's table; return the 2-core limit (img/s)."""
+    single = rates.get("single-fused")
+    limit = 2 * single if single else None
+    dali = rates.get("dali")
+    best_peer = max((v for k in PIL_PEERS if (v := rates.get(k))), default=None)
+    print(_TRAIN_TABLE.header())
+    for name, rate in rates.items():
+        if rate is None:
+            print(_TRAIN_TABLE.error(name, errors.get(name, "")))
+            continue
+        if name.startswith("single"):
+            print(_TRAIN_TABLE.row(name, f"{rate:.0f}") + "   (one core, no loader)")
+            continue
+        of_limit = f"{rate / limit * 100:.0f}%" if limit else "-"
+        print(
+            _TRAIN_TABLE.row(
+                name,
+                f"{rate:.0f}",
+                fmt_ratio(ratio(rate, dali)),
+                fmt_ratio(ratio(rate, best_peer)),
+                of_limit,
+                *_cpu_cells(cpus.get(name), cpus.get("dali"), name.startswith("fastload")),
+            )
+        )
+    if limit:
+        print(f"2-core limit (single-core fused x 2): {limit:.0f} img/s")
+    return limit
 
 
 def _report(
@@ -757,78 +745,17 @@ def _report(
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"skipped": skipped, "workloads": {}}
     for workload, by_name in results.items():
-        rates = {name: _median_rate(runs) for name, runs in by_name.items()}
+        rates = {name: median_rate(runs) for name, runs in by_name.items()}
         cpus = {name: _median_cpu_us(runs) for name, runs in by_name.items()}
         errors = {
-            name: runs[-1]["error"] for name, runs in by_name.items() if _median_rate(runs) is None
+            name: runs[-1].get("error", "") for name, runs in by_name.items() if rates[name] is None
         }
         print(f"\n== {workload} (medians of {max(len(r) for r in by_name.values())} rounds) ==")
         table: dict[str, Any] = {"rates": rates, "cpu_us_per_sample": cpus, "errors": errors}
         if workload == "bytes":
-            pc = by_name.get("pagecache", [])
-            pc_ok = [r["bytes"] / r["seconds"] for r in pc if "error" not in r]
-            bw = statistics.median(pc_ok) if pc_ok else None
-            table["pagecache_bytes_per_s"] = bw
-            peers = [
-                v for k, v in rates.items() if v and not k.startswith(("fastload", "pagecache"))
-            ]
-            best_peer = max(peers) if peers else None
-            peer_cpus = [
-                v for k, v in cpus.items() if v and not k.startswith(("fastload", "pagecache"))
-            ]
-            best_cpu = min(peer_cpus) if peer_cpus else None
-            base = rates.get("torch")
-            print(
-                f"{'loader':22s} {'samples/s':>10s} {'MB/s':>8s} {'vs torch':>9s} {'vs best peer':>12s} {'of page cache':>13s} {'CPU us/s.':>9s} {'CPU gain':>8s}"
-            )
-            if bw:
-                print(f"{'page cache (dd-like)':22s} {bw / mean_kb / 1e3:10.0f} {bw / 1e6:8.0f}")
-            for name, rate in rates.items():
-                if name == "pagecache":
-                    continue
-                if rate is None:
-                    print(f"{name:22s} ERROR {errors.get(name, '')}")
-                    continue
-                mbs = rate * mean_kb / 1e3
-                share = f"{mbs * 1e6 / bw * 100:12.1f}%" if bw else "-"
-                vs_peer = _fmt_ratio(
-                    rate / best_peer if best_peer and name.startswith("fastload") else None
-                )
-                cpu_col = _cpu_col(cpus.get(name), best_cpu, name.startswith("fastload"))
-                print(
-                    f"{name:22s} {rate:10.0f} {mbs:8.0f} {_fmt_ratio(rate / base if base else None):>9s} {vs_peer:>12s} {share:>13s} {cpu_col}"
-                )
+            table["pagecache_bytes_per_s"] = _bytes_table(by_name, rates, cpus, errors, mean_kb)
         else:
-            single = rates.get("single-fused")
-            limit = 2 * single if single else None
-            table["two_core_limit"] = limit
-            dali = rates.get("dali")
-            peers = [
-                v
-                for k, v in rates.items()
-                if v and k in ("torch", "webdataset", "litdata", "mosaic")
-            ]
-            best_peer = max(peers) if peers else None
-            dali_cpu = cpus.get("dali")
-            print(
-                f"{'loader':22s} {'img/s':>8s} {'vs DALI':>8s} {'vs best PIL peer':>16s} {'of 2-core limit':>15s} {'CPU us/img':>9s} {'DALI/ours':>8s}"
-            )
-            for name, rate in rates.items():
-                if rate is None:
-                    print(f"{name:22s} ERROR {errors.get(name, '')}")
-                    continue
-                if name.startswith("single"):
-                    print(f"{name:22s} {rate:8.0f}   (one core, no loader)")
-                    continue
-                vs_dali = _fmt_ratio(rate / dali if dali else None)
-                vs_peer = _fmt_ratio(rate / best_peer if best_peer else None)
-                of_limit = f"{rate / limit * 100:14.0f}%" if limit else "-"
-                cpu_col = _cpu_col(cpus.get(name), dali_cpu, name.startswith("fastload"))
-                print(
-                    f"{name:22s} {rate:8.0f} {vs_dali:>8s} {vs_peer:>16s} {of_limit:>15s} {cpu_col}"
-                )
-            if limit:
-                print(f"2-core limit (single-core fused x 2): {limit:.0f} img/s")
+            table["two_core_limit"] = _train_table(rates, cpus, errors)
         out["workloads"][workload] = table
     for name, why in skipped.items():
         print(f"skipped {name}: {why}")

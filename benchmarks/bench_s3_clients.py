@@ -20,7 +20,7 @@ package is missing is reported as such.
 
 Usage::
 
-    .venv/bin/python benchmarks/bench_s3_clients.py [--clients boto3,obstore,s3fs,fastload]
+    .venv/bin/python -m benchmarks.bench_s3_clients [--clients boto3,obstore,s3fs,fastload]
 """
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from benchmarks._harness import emit_result, run_child
 
 BUCKET = "fastload-bench"
 MB = 1_000_000
@@ -143,7 +144,7 @@ def _pass(
 
 
 def worker(args: argparse.Namespace) -> None:
-    """Measure one client; print one JSON line with the results."""
+    """Measure one client; print its results as the child's result line."""
     make = {
         "boto3": _reader_boto3,
         "obstore": _reader_obstore,
@@ -153,7 +154,7 @@ def worker(args: argparse.Namespace) -> None:
     try:
         whole, ranged = make[args.worker](args)
     except ImportError as exc:
-        print(json.dumps({"error": f"not installed: {exc}"}))
+        emit_result({"error": f"not installed: {exc}"})
         return
     keys = [f"obj-{i:03d}" for i in range(args.objects)]
     size = args.object_mib * 1024 * 1024
@@ -180,7 +181,7 @@ def worker(args: argparse.Namespace) -> None:
         if total != n * length:
             raise RuntimeError(f"{args.worker}: ranged reads returned {total} bytes")
         result["ranged_ops"][conc] = n / secs
-    print(json.dumps(result))
+    emit_result(result)
 
 
 # ---- driver -----------------------------------------------------------------------------------
@@ -223,17 +224,13 @@ def _run_worker(name: str, cluster: Any, args: argparse.Namespace) -> dict[str, 
         "AWS_SECRET_ACCESS_KEY": cluster.secret_access_key,
         "AWS_DEFAULT_REGION": cluster.region,
     }
-    cmd = [python, os.path.abspath(__file__), "--worker", name, "--endpoint", cluster.endpoint_url]
+    cmd = [python, "-m", "benchmarks.bench_s3_clients", "--worker", name]
+    cmd += ["--endpoint", cluster.endpoint_url]
     for flag in ("objects", "object_mib", "repeat", "ranged_reads", "range_kib", "bucket"):
         cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     cmd += ["--concurrency", ",".join(map(str, args.concurrency))]
     cmd += ["--range-concurrency", ",".join(map(str, args.range_concurrency))]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return {"error": f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"}
-    out: dict[str, Any] = json.loads(lines[-1])
-    return out
+    return run_child(cmd, env=env)
 
 
 def _table(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:

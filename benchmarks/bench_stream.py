@@ -34,8 +34,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,25 +42,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from benchmarks._harness import emit_result, median_rate, print_round, ratio, run_child, warm
+
 BUCKET = "fastload-bench-stream"
 WORKERS = 2
 BATCH = 64
 EPOCH_VARIANTS = ("local", "s3-cold", "s3-warm", "s3-direct")
 DOWNLOAD_VARIANTS = ("boto3", "fastload-get", "fastload-reader", "fastload-cache")
-REPO = Path(__file__).resolve().parent.parent
 
 
 # ---------------------------------------------------------------------------------------------
 # Children
 # ---------------------------------------------------------------------------------------------
-
-
-def _warm(paths: Sequence[str]) -> None:
-    buf = bytearray(4 << 20)
-    for p in paths:
-        with open(p, "rb", buffering=0) as f:
-            while f.readinto(buf):
-                pass
 
 
 def child_epoch(spec: dict[str, Any]) -> dict[str, Any]:
@@ -77,7 +68,7 @@ def child_epoch(spec: dict[str, Any]) -> dict[str, Any]:
     tf = ImageTrainTransform(normalize_on="batch")
     common: dict[str, Any] = {"seed": 0, "decode": Decoder(image=tf), "fields": ("jpg", "cls")}
     if variant == "local":
-        _warm(sorted(str(p) for p in Path(spec["local"]).glob("*.tar")))
+        warm(sorted(str(p) for p in Path(spec["local"]).glob("*.tar")))
         ds = fastload.open_dataset(spec["local"], **common)
     else:
         cache = None if variant == "s3-direct" else spec["cache_dir"]
@@ -90,7 +81,7 @@ def child_epoch(spec: dict[str, Any]) -> dict[str, Any]:
         )
         if variant == "s3-warm":  # fill the cache first (as an earlier epoch would have)
             keys = [k for s in range(ds.num_shards) for k in ds.shard_objects(s)]
-            _warm([str(ds.store.local_path(k)) for k in keys])
+            warm([str(ds.store.local_path(k)) for k in keys])
     loader = fastload.DataLoader(ds, batch_size=BATCH, num_workers=WORKERS)
     torch.set_num_threads(1)
     t0 = time.perf_counter()
@@ -177,19 +168,9 @@ def child_download(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench_stream", "--child", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=timeout,
-    )
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            result: dict[str, Any] = json.loads(line[7:])
-            return result
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-    return {"error": f"exit {proc.returncode}: {' | '.join(tail)}"}
+    """Run one epoch or download child; its result or error."""
+    argv = [sys.executable, "-m", "benchmarks.bench_stream", "--child", json.dumps(spec)]
+    return run_child(argv, timeout=timeout)
 
 
 def _upload(local: Path, url: str, store_options: dict[str, Any]) -> None:
@@ -210,11 +191,6 @@ def _upload(local: Path, url: str, store_options: dict[str, Any]) -> None:
     print(f"uploaded {len(keys)} objects to {url} in {time.perf_counter() - t0:.1f} s")
 
 
-def _median(results: list[dict[str, Any]], field: str) -> float | None:
-    values = [r[field] for r in results if "error" not in r]
-    return statistics.median(values) if values else None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="fastload streaming benchmark (Ceph RGW)")
     parser.add_argument("--quick", action="store_true", help="2000 images, 2 rounds")
@@ -226,17 +202,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.child:
         spec = json.loads(args.child)
         fn = child_epoch if spec["kind"] == "epoch" else child_download
-        print("RESULT " + json.dumps(fn(spec)), flush=True)
+        emit_result(fn(spec))
         return 0
 
-    from benchmarks.bench_loader import _prepare_fastload
     from benchmarks.corpus import ensure_corpus
     from fastload.testing.ceph import acquire, release
 
     count = args.count or (2000 if args.quick else 10_000)
     rounds = args.rounds or (2 if args.quick else 3)
     corpus = ensure_corpus(count)
-    local = _prepare_fastload(corpus, corpus.folder(), 16)
+    local = corpus.webdataset(shards=16, workers=WORKERS)
     cluster = acquire()
     report: dict[str, Any] = {"count": count, "rounds": rounds}
     try:
@@ -272,18 +247,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                     }
                     res = _run_child(spec, timeout=1800)
                     epochs[variant].append(res)
-                    shown = res.get("error") or f"{res['rate']:.0f} samples/s"
-                    print(f"  round {r + 1} epoch {variant:10s} {shown}", flush=True)
+                    print_round(r + 1, f"epoch {variant:10s}", res)
             finally:
                 shutil.rmtree(cache_root, ignore_errors=True)
-        local_rate = _median(epochs["local"], "rate")
+        local_rate = median_rate(epochs["local"])
         report["epoch"] = {}
         print(f"\nEpoch of the train workload ({count} images, batch {BATCH}, {WORKERS} workers):")
         for variant in EPOCH_VARIANTS:
-            rate = _median(epochs[variant], "rate")
-            ratio = rate / local_rate if rate and local_rate else None
-            report["epoch"][variant] = {"rate": rate, "ratio": ratio, "runs": epochs[variant]}
-            ratio_text = "-" if ratio is None else f"{ratio:.2f}x local"
+            rate = median_rate(epochs[variant])
+            vs_local = ratio(rate, local_rate)
+            report["epoch"][variant] = {"rate": rate, "ratio": vs_local, "runs": epochs[variant]}
+            ratio_text = "-" if vs_local is None else f"{vs_local:.2f}x local"
             print(f"  {variant:10s} {rate or 0:8.0f} samples/s  {ratio_text}")
 
         # 2. downloads
@@ -302,21 +276,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                     }
                     res = _run_child(spec, timeout=900)
                     downloads.setdefault((variant, threads), []).append(res)
-                    shown = res.get("error") or f"{res['rate'] / 1e6:.0f} MB/s"
-                    print(f"  round {r + 1} download {variant:15s} x{threads} {shown}", flush=True)
+                    label = f"download {variant:15s} x{threads}"
+                    print_round(r + 1, label, res, unit="MB/s", amount="bytes", scale=1e6)
         report["download"] = {}
         print(f"\nWhole-shard downloads ({len(shard_keys)} shards, {nbytes / 1e6:.0f} MB):")
         for threads in (1, 4):
-            base = _median(downloads[("boto3", threads)], "rate")
+            base = median_rate(downloads[("boto3", threads)], "bytes")
             for variant in DOWNLOAD_VARIANTS:
-                rate = _median(downloads[(variant, threads)], "rate")
-                ratio = rate / base if rate and base else None
+                rate = median_rate(downloads[(variant, threads)], "bytes")
+                vs_boto3 = ratio(rate, base)
                 report["download"][f"{variant}-x{threads}"] = {
                     "rate": rate,
-                    "ratio": ratio,
+                    "ratio": vs_boto3,
                     "runs": downloads[(variant, threads)],
                 }
-                ratio_text = "-" if ratio is None else f"{ratio:.2f}x boto3"
+                ratio_text = "-" if vs_boto3 is None else f"{vs_boto3:.2f}x boto3"
                 print(f"  {variant:15s} x{threads}  {(rate or 0) / 1e6:7.0f} MB/s  {ratio_text}")
     finally:
         release(cluster)

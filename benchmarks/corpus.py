@@ -6,7 +6,9 @@ field plus oriented texture, a few shapes and sensor-like noise, mostly 500x375 
 
 Image ``i`` depends only on ``(seed, i)``, so any count is a prefix of a larger corpus and the
 corpus is identical on every machine. Generation runs in a process pool; a finished corpus is
-marked by ``root/.complete-<count>`` and reused by later runs.
+marked by ``root/.complete-<count>`` and reused by later runs. :meth:`Corpus.webdataset` is the
+one fastload WebDataset copy of a corpus that the loader benchmarks read; :class:`FileBytes`
+reads the loose files as a map-style dataset (the plain-files baseline, FFCV's writer input).
 
 Run ``python -m benchmarks.corpus --count 10000`` to (re)generate it and print its statistics.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -25,7 +28,7 @@ import numpy as np
 
 from fastload.testing.corpus import NUM_CLASSES, SEED, make_image
 
-__all__ = ["DEFAULT_ROOT", "NUM_CLASSES", "Corpus", "ensure_corpus", "make_image"]
+__all__ = ["DEFAULT_ROOT", "NUM_CLASSES", "Corpus", "FileBytes", "ensure_corpus", "make_image"]
 
 DEFAULT_ROOT = Path(os.environ.get("FASTLOAD_BENCH_ROOT", "/tmp/fastload-bench"))
 
@@ -88,6 +91,47 @@ class Corpus:
     def total_bytes(self) -> int:
         """Sum of the JPEG file sizes in bytes."""
         return sum(os.path.getsize(p) for p, _ in self.files())
+
+    def webdataset(self, shards: int = 16, workers: int = 2) -> Path:
+        """This corpus as fastload WebDataset shards (``fastload.convert`` of :meth:`folder`,
+        original JPEG bytes kept), made once beside the corpus as ``<root>-wds-<count>``.
+
+        The loader, DALI and streaming benchmarks and the GPU check all read this one copy.
+        """
+        from fastload.convert import convert
+
+        dst = self.root.parent / f"{self.root.name}-wds-{self.count}"
+        if not (dst / "fastload.json").exists():
+            t0 = time.perf_counter()
+            convert(
+                str(self.folder()),
+                str(dst),
+                format="webdataset",
+                shard_samples=math.ceil(self.count / shards),
+                workers=workers,
+                quiet=True,
+            )
+            print(f"prepared fastload webdataset shards in {time.perf_counter() - t0:.1f} s: {dst}")
+        return dst
+
+
+class FileBytes:
+    """Map-style dataset over loose files: item ``i`` is ``(file bytes, label)`` of ``files[i]``.
+
+    Args:
+        files: ``(path, label)`` pairs, e.g. :meth:`Corpus.files`.
+    """
+
+    def __init__(self, files: Sequence[tuple[str, int]]) -> None:
+        self.files = list(files)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[bytes, int]:
+        path, label = self.files[i]
+        with open(path, "rb") as f:
+            return f.read(), label
 
 
 def ensure_corpus(

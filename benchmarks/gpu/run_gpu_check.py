@@ -44,23 +44,31 @@ import json
 import math
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
+if str(REPO) not in sys.path:  # this file runs as a script: make the benchmarks package importable
     sys.path.insert(0, str(REPO))
 
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
-
+from benchmarks._harness import (  # noqa: E402
+    Table,
+    alternating,
+    emit_result,
+    fmt_ratio,
+    median_rate,
+    ok_runs,
+    print_round,
+    ratio,
+    run_child,
+    time_batches,
+)
 
 # ---- environment ----------------------------------------------------------------------------
 
@@ -170,28 +178,8 @@ class GpuMemory:
 # ---- children: one loader each ----------------------------------------------------------------
 
 
-def _timed(batches: Iterable[Any], limit: int, warmup: int = 3) -> dict[str, float]:
-    n = seen = counted = 0
-    t0 = start = time.perf_counter()
-    for batch in batches:
-        size = len(batch[1])
-        seen += size
-        n += 1
-        if n == warmup:
-            _sync()
-            start, counted = time.perf_counter(), 0
-        elif n > warmup:
-            counted += size
-        if seen >= limit:
-            break
-    _sync()
-    end = time.perf_counter()
-    if n <= warmup:
-        counted, start = seen, t0
-    return {"samples": counted, "seconds": end - start, "total_seconds": end - t0}
-
-
 def _sync() -> None:
+    """Wait for the GPU's queued work, so that a timed span counts it."""
     import torch
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
@@ -233,7 +221,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
                 seed=0,
             )
 
-        result: dict[str, Any] = _timed(_epochs(make, epochs), limit)
+        result: dict[str, Any] = time_batches(_epochs(make, epochs), limit, warmup=3, sync=_sync)
     elif kind == "dali-file":
         import importlib
 
@@ -266,7 +254,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
                 for out in it:
                     yield out[0]["images"], out[0]["labels"]
 
-        result = _timed(batches(), limit)
+        result = time_batches(batches(), limit, warmup=3, sync=_sync)
     elif kind == "fastload-torch":
         import fastload.loader as fl
         from fastload.loader.decode import Decoder
@@ -290,7 +278,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
                 yield tf.batch_transform(images), labels
 
         torch.set_num_threads(1)
-        result = _timed(batches(), limit)
+        result = time_batches(batches(), limit, warmup=3, sync=_sync)
     else:
         raise ValueError(f"unknown loader {kind!r}")
     if mem is not None:
@@ -305,43 +293,14 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def prepare(root: Path, count: int, workers: int) -> tuple[Path, Path]:
-    import fastload.convert as fc
     from benchmarks.corpus import ensure_corpus
 
     t0 = time.perf_counter()
     corpus = ensure_corpus(count, root / "w1", processes=workers)
     folder = corpus.folder()
-    wds = root / f"wds-{count}"
-    if not (wds / "fastload.json").exists():
-        fc.convert(
-            str(folder),
-            str(wds),
-            format="webdataset",
-            shard_samples=math.ceil(count / 16),
-            workers=workers,
-            quiet=True,
-        )
+    wds = corpus.webdataset(shards=16, workers=workers)
     print(f"corpus + webdataset shards ready in {time.perf_counter() - t0:.1f} s ({count} images)")
     return folder, wds
-
-
-def run_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
-    try:
-        proc = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s"}
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            result: dict[str, Any] = json.loads(line[7:])
-            return result
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-4:]
-    return {"error": f"exit {proc.returncode}: {' | '.join(tail)}"}
 
 
 def main() -> int:
@@ -364,7 +323,7 @@ def main() -> int:
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(child(json.loads(args.child))), flush=True)
+        emit_result(child(json.loads(args.child)))
         return 0
     t_start = time.perf_counter()
     smoke = args.cpu_smoke
@@ -389,22 +348,18 @@ def main() -> int:
     }
     names = ["dali-file", "fastload-dali", "fastload-dali-native", "fastload-torch"]
     results: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
-    for r in range(rounds):
-        for name in names:
-            res = run_child({"kind": name, "cfg": cfg}, timeout=240 if not smoke else 600)
-            results[name].append(res)
-            if "error" in res:
-                print(f"  round {r + 1} {name:22s} ERROR {res['error']}", flush=True)
-            else:
-                print(
-                    f"  round {r + 1} {name:22s} {res['samples'] / res['seconds']:9.0f} img/s",
-                    flush=True,
-                )
+    for r, name in alternating(names, rounds):
+        argv = [sys.executable, str(Path(__file__).resolve()), "--child"]
+        res = run_child(
+            [*argv, json.dumps({"kind": name, "cfg": cfg})], timeout=600 if smoke else 240
+        )
+        results[name].append(res)
+        print_round(r, f"{name:22s}", res, unit="img/s")
     table: dict[str, dict[str, Any]] = {}
     for name, runs in results.items():
-        ok = [x for x in runs if "error" not in x and x["seconds"] > 0]
+        ok = ok_runs(runs)
         row: dict[str, Any] = {
-            "img_per_s": statistics.median(x["samples"] / x["seconds"] for x in ok) if ok else None,
+            "img_per_s": median_rate(ok),
             "errors": [x["error"] for x in runs if "error" in x],
         }
         for key in ("gpu_mem_smi_mib", "torch_max_allocated_mib"):
@@ -412,23 +367,22 @@ def main() -> int:
             row[key] = max(vals) if vals else None
         table[name] = row
     ref = table["dali-file"]["img_per_s"]
-    print(
-        f"\n{'loader':22s} {'img/s':>9s} {'vs dali-file':>12s} {'GPU MiB (smi)':>14s} "
-        f"{'torch MiB':>10s}"
+    text = Table(
+        ("loader", 22), ("img/s", 9), ("vs dali-file", 12), ("GPU MiB (smi)", 14), ("torch MiB", 10)
     )
+    print("\n" + text.header())
     for name, row in table.items():
         rate = row["img_per_s"]
         if rate is None:
-            print(f"{name:22s} ERROR {row['errors'][-1:]}")
+            print(text.error(name, str(row["errors"][-1:])))
             continue
-        ratio = f"{rate / ref:.2f}x" if ref else "-"
         smi = "-" if row["gpu_mem_smi_mib"] is None else f"{row['gpu_mem_smi_mib']:.0f}"
         tmem = (
             "-"
             if row["torch_max_allocated_mib"] is None
             else f"{row['torch_max_allocated_mib']:.0f}"
         )
-        print(f"{name:22s} {rate:9.0f} {ratio:>12s} {smi:>14s} {tmem:>10s}")
+        print(text.row(name, f"{rate:.0f}", fmt_ratio(ratio(rate, ref)), smi, tmem))
     a = table["fastload-dali"]["img_per_s"]
     verdict = None if not (a and ref) else a >= 0.9 * ref
     print(f"goal (a) within 10% of (b): {verdict}")
