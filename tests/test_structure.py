@@ -1,0 +1,165 @@
+"""The package's shape, checked: layers import downward, no import cycles, no sprawling files.
+
+These read the source (``ast``), not the running interpreter, so a function-level import counts
+as much as a top-level one: a cycle hidden inside a function is still a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "fastload"
+
+#: A module longer than this must say why in its docstring (a paragraph ``Why one file: ...``).
+MAX_LINES = 500
+
+#: The layers, lowest first. A module may import its own layer and the ones below it, never above.
+#: ``testing`` and the top-level modules (``fastload/__init__``, ``cli``, ``demo``) may import all.
+LAYERS = ("storage", "formats", "loader", "dali", "convert")
+#: Leaf modules every layer may use; they import no other part of fastload but each other and errors.
+LEAVES = ("fastload.errors", "fastload._units", "fastload._lazy", "fastload._fsutil",
+          "fastload._plugins", "fastload._version")  # fmt: skip
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The fastload modules ``name`` imports anywhere in its source (resolved, relative too)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            # `from pkg import mod` imports the module pkg.mod (pkg itself is loaded first, as for
+            # every submodule: not an edge); `from mod import name` imports mod.
+            targets = [
+                f"{module}.{alias.name}" if f"{module}.{alias.name}" in MODULES else module
+                for alias in node.names
+            ]
+        else:
+            continue
+        for target in targets:
+            while target and target not in MODULES:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(sorted(component))
+    return components
+
+
+def test_the_checker_finds_a_cycle_and_a_clean_graph_has_none() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles() -> None:
+    # The root package is left out: `fastload/__init__` re-exports from every layer, and a module
+    # that imports `fastload.x.y` loads `fastload` first without importing from it.
+    graph = {
+        n: {d for d in deps if d != "fastload"} for n, deps in GRAPH.items() if n != "fastload"
+    }
+    assert _cycles(graph) == []
+    # Inside the layers, import from the defining module: `import fastload` there is a cycle in
+    # waiting (the demo and the CLI use the public API like any user and may).
+    importing_root = sorted(
+        n
+        for n, deps in GRAPH.items()
+        if "fastload" in deps and (_layer(n) is not None or n in LEAVES)
+    )
+    assert importing_root == [], "import what you need from its own module, not from fastload"
+
+
+def _layer(name: str) -> int | None:
+    parts = name.split(".")
+    if len(parts) > 1 and parts[1] in LAYERS:
+        return LAYERS.index(parts[1])
+    return None
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if _layer(n) is not None))
+def test_layers_import_downward(name: str) -> None:
+    own = _layer(name)
+    assert own is not None
+    upward = sorted(d for d in GRAPH[name] if (_layer(d) or -1) > own)
+    assert upward == [], f"{name} ({LAYERS[own]}) imports a higher layer"
+
+
+@pytest.mark.parametrize("name", LEAVES)
+def test_leaf_modules_import_only_leaves(name: str) -> None:
+    if name not in MODULES:
+        pytest.fail(f"{name} is listed as a leaf module but does not exist")
+    assert sorted(GRAPH[name] - set(LEAVES)) == []
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_long_modules_say_why(name: str) -> None:
+    path = MODULES[name]
+    lines = path.read_text().count("\n")
+    if lines <= MAX_LINES:
+        return
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    assert "Why one file:" in doc, (
+        f"{path.relative_to(ROOT.parent)} has {lines} lines (> {MAX_LINES}): split it by "
+        "responsibility, or give its docstring a paragraph 'Why one file: ...'"
+    )
