@@ -58,7 +58,8 @@ MANIFEST_VERSION = 1
 #: Extensions of image fields and files (lower case, no dot): what makes a directory an image
 #: folder for ``convert``, and the ``image`` type of a manifest's schema. The one list.
 IMAGE_EXTENSIONS: frozenset[str] = frozenset(
-    {"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "jxl", "avif"}
+    {"jpg", "jpeg", "jpe", "jfif", "png", "webp", "bmp", "gif", "tif", "tiff"}
+    | {"ppm", "pgm", "pbm", "pnm", "jxl", "avif"}
 )
 
 _TYPES = {

@@ -1,7 +1,7 @@
 """Applying an image transform to a sample dict: which fields are images, and the dispatch.
 
 A transform called on a sample dict transforms every image field (by extension,
-:data:`~fastload.loader.decode.IMAGE_EXTENSIONS`) or only the one named by ``field=``, copies the
+:data:`~fastload.loader.decode.DECODED_IMAGE_EXTENSIONS`) or only the one named by ``field=``, copies the
 other entries, and returns a new dict (see :mod:`fastload.loader.transforms`).
 """
 
@@ -15,7 +15,7 @@ import numpy as np
 
 from fastload.errors import CorruptDataError
 from fastload.loader._sample_rng import rng_for
-from fastload.loader.decode import IMAGE_EXTENSIONS
+from fastload.loader.decode import DECODED_IMAGE_EXTENSIONS
 
 __all__ = ["ImageFieldTransform", "is_image_field"]
 
@@ -23,7 +23,7 @@ __all__ = ["ImageFieldTransform", "is_image_field"]
 def is_image_field(name: str) -> bool:
     """True for a sample entry holding an image: not metadata (``__key__``), and an image
     extension after the last dot (``"jpg"``, ``"x.PNG"``)."""
-    return not name.startswith("__") and name.rsplit(".", 1)[-1].lower() in IMAGE_EXTENSIONS
+    return not name.startswith("__") and name.rsplit(".", 1)[-1].lower() in DECODED_IMAGE_EXTENSIONS
 
 
 class ImageFieldTransform(ABC):

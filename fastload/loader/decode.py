@@ -79,13 +79,16 @@ from fastload.errors import (
     UnsafeDataError,
 )
 from fastload.formats._sample import Sample, decode_sample
+from fastload.formats.manifest import IMAGE_EXTENSIONS
 from fastload.loader._sample_rng import rng_for
 
 __all__ = [
+    "DECODED_IMAGE_EXTENSIONS",
     "IMAGE_EXTENSIONS",
     "IMAGE_MODES",
     "JPEG_EXTENSIONS",
     "PICKLE_EXTENSIONS",
+    "UNDECODED_IMAGE_EXTENSIONS",
     "WEBDATASET_EXTENSIONS",
     "Decoder",
     "ImageMode",
@@ -98,10 +101,12 @@ ImageMode = Literal["rgb8", "l8", "torch", "pil", "bytes"]
 IMAGE_MODES: tuple[str, ...] = ("rgb8", "l8", "torch", "pil", "bytes")
 #: Extensions decoded with the JPEG decoder (anything that is JPEG by its magic bytes also is).
 JPEG_EXTENSIONS: frozenset[str] = frozenset({"jpg", "jpeg", "jpe", "jfif"})
-#: Extensions decoded as images.
-IMAGE_EXTENSIONS: frozenset[str] = JPEG_EXTENSIONS | frozenset(
-    {"png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm", "pbm", "pnm"}
-)
+#: Image extensions whose fields stay bytes: Pillow has no JPEG XL decoder, and AVIF only in
+#: some builds, so decoding them would fail where the bytes are still useful.
+UNDECODED_IMAGE_EXTENSIONS: frozenset[str] = frozenset({"jxl", "avif"})
+#: Extensions decoded as images: :data:`~fastload.formats.manifest.IMAGE_EXTENSIONS` (the one
+#: list of image extensions) but for :data:`UNDECODED_IMAGE_EXTENSIONS`.
+DECODED_IMAGE_EXTENSIONS: frozenset[str] = IMAGE_EXTENSIONS - UNDECODED_IMAGE_EXTENSIONS
 
 #: Extensions decoded by ``webdataset.autodecode``'s decoders (those fastload's own codecs do
 #: not cover; ``npy``, ``mp``, ``json``, ``cls``, ``txt`` ... decode the same way either way).
@@ -256,7 +261,7 @@ class Decoder:
             )
         if isinstance(self.image, str) and self.image != "bytes":
             image_fn = functools.partial(decode_image, mode=self.image)
-            fields.update(dict.fromkeys(IMAGE_EXTENSIONS, image_fn))
+            fields.update(dict.fromkeys(DECODED_IMAGE_EXTENSIONS, image_fn))
         fields.update(self.extra)
         return fields
 
@@ -304,7 +309,11 @@ class Decoder:
         fields = self._fields
         if callable(self.image):
             fused = functools.partial(_call_with_rng, self.image, rng_for(sample))
-            fields = {**self._fields, **dict.fromkeys(IMAGE_EXTENSIONS, fused), **self.extra}
+            fields = {
+                **self._fields,
+                **dict.fromkeys(DECODED_IMAGE_EXTENSIONS, fused),
+                **self.extra,
+            }
         try:
             return decode_sample(sample, allow_pickle=self.allow_pickle, fields=fields)
         except UnsafeDataError as exc:

@@ -22,7 +22,7 @@ Randomness protocol (for the loader and for users)
 Every random transform's ``__call__`` takes ``(x, rng=None)``:
 
 * ``x`` is an image, or a **sample dict**. For a sample dict the transform is applied to every
-  image field (extensions in :data:`~fastload.loader.decode.IMAGE_EXTENSIONS`, or only the field
+  image field (extensions in :data:`~fastload.loader.decode.DECODED_IMAGE_EXTENSIONS`, or only the field
   named by ``field=``), other entries are copied, and a new dict is returned.
 * The random generator is, in order of precedence: the ``rng`` argument; for a sample dict,
   :func:`sample_rng` of ``sample["__rng_seed__"]``; otherwise a generator seeded from NumPy's

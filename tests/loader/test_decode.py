@@ -187,3 +187,17 @@ def test_fused_transform_as_image_decoder() -> None:
     assert info.value.key == "s1"
     assert "train-000001.tar" in str(info.value)
     assert "'jpg'" in str(info.value)
+
+
+def test_one_list_of_image_extensions_decoded_but_for_the_ones_pillow_cannot() -> None:
+    from fastload.formats.manifest import IMAGE_EXTENSIONS, field_type
+    from fastload.loader.decode import DECODED_IMAGE_EXTENSIONS, UNDECODED_IMAGE_EXTENSIONS
+
+    assert DECODED_IMAGE_EXTENSIONS | UNDECODED_IMAGE_EXTENSIONS == IMAGE_EXTENSIONS
+    assert not DECODED_IMAGE_EXTENSIONS & UNDECODED_IMAGE_EXTENSIONS
+    assert {field_type(f"x.{ext}") for ext in IMAGE_EXTENSIONS} == {"image"}
+    jpeg = _encode(_gradient(), "JPEG", quality=95)
+    out = Decoder()(_sample(jfif=jpeg, jxl=b"\xff\x0a not decoded"))
+    assert isinstance(out["jfif"], np.ndarray)
+    assert out["jfif"].shape == (48, 64, 3)
+    assert out["jxl"] == b"\xff\x0a not decoded"  # stays bytes: Pillow has no JPEG XL decoder
