@@ -17,10 +17,10 @@ from typing import Any
 
 from fastload.convert._plan import ConversionPlan, ShardPlan
 from fastload.convert._progress import plural
-from fastload.convert._shard_names import ShardNames
 from fastload.convert._space import space_for
 from fastload.errors import DatasetExistsError, FastloadError, ManifestError, ObjectNotFoundError
 from fastload.formats import MANIFEST_NAME, Manifest
+from fastload.formats._names import ShardNames
 from fastload.formats.manifest import read_manifest
 from fastload.storage import Store
 

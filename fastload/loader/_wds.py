@@ -19,6 +19,7 @@ from typing import Any
 
 from fastload.errors import FormatError, InvalidArgumentError, ObjectNotFoundError
 from fastload.formats import Manifest, ShardEntry, get_format
+from fastload.formats._names import ShardNames
 from fastload.formats.webdataset import build_index, parse_index
 from fastload.formats.webdataset._compressed import HEAD_BYTES, compressed_name, compression_of
 from fastload.loader._dataset import Dataset
@@ -37,22 +38,6 @@ __all__ = [
 #: The ``sha256`` of shards in a manifest built on the fly: not computed (it would mean reading
 #: every shard in full before training starts).
 UNKNOWN_SHA256 = "0" * 64
-#: Shard names and the format they say (compression suffixes included).
-_SHARD_SUFFIXES = (
-    (".tar", "webdataset"),
-    (".tar.gz", "webdataset"),
-    (".tgz", "webdataset"),
-    (".tar.bz2", "webdataset"),
-    (".tbz", "webdataset"),
-    (".tbz2", "webdataset"),
-    (".tar.xz", "webdataset"),
-    (".txz", "webdataset"),
-    (".tfrecord", "tfrecord"),
-    (".tfrecords", "tfrecord"),
-    (".tfrecord.gz", "tfrecord"),
-    (".tfrecords.gz", "tfrecord"),
-    (".lmdb", "lmdb"),
-)
 _PATTERN = re.compile(r"\{[^{}]*(\.\.|,)[^{}]*\}")
 
 
@@ -107,14 +92,6 @@ def _split_root(urls: Sequence[str]) -> tuple[str, list[str]]:
         return ".", list(urls)
     root = prefix[:cut] or "/"
     return root, [u[cut + 1 :] for u in urls]
-
-
-def _format_of(key: str) -> str | None:
-    name = key.lower()
-    for suffix, fmt in sorted(_SHARD_SUFFIXES, key=lambda s: -len(s[0])):
-        if name.endswith(suffix):
-            return fmt
-    return None
 
 
 class _BuiltIndexStore(WrapperStore):
@@ -238,12 +215,15 @@ def shard_list_manifest(store: Store, keys: Sequence[str]) -> tuple[Manifest, di
         CorruptDataError, FormatError: A shard or its index is damaged, or a TFRecord file is
             compressed.
     """
-    formats = {k: _format_of(k) for k in keys}
+    names = ShardNames.from_registry()
+    formats = {k: names.format_of(k) for k in keys}
     unknown = [k for k, f in formats.items() if f is None]
     if unknown:
+        known = ", ".join(f".{ext}" for ext in names.extensions())
         raise InvalidArgumentError(
-            f"{store.child_url(unknown[0])} does not have a shard name fastload knows (.tar, "
-            ".tar.gz/.tgz, .tfrecord[.gz], .lmdb); point at the shards themselves"
+            f"{store.child_url(unknown[0])} does not have a shard name fastload knows ({known}, "
+            "or one of these compressed: .tar.gz/.tgz, .tfrecord.gz, ...); point at the shards "
+            "themselves"
         )
     kinds = sorted({f for f in formats.values() if f is not None})
     if len(kinds) > 1:

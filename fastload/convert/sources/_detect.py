@@ -12,7 +12,6 @@ from typing import Any
 
 from fastload._plugins import PluginRegistry
 from fastload.convert._progress import plural
-from fastload.convert._shard_names import ShardNames
 from fastload.convert.sources._base import (
     Source,
     few,
@@ -27,6 +26,7 @@ from fastload.convert.sources._shards import ShardSource
 from fastload.convert.sources._tables import CsvSource, ParquetSource
 from fastload.errors import InvalidArgumentError, ObjectNotFoundError
 from fastload.formats._base import FORMATS
+from fastload.formats._names import ShardNames
 from fastload.formats.manifest import MANIFEST_NAME
 from fastload.storage import ObjectMeta, Store, open_store
 

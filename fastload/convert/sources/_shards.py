@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from fastload.convert._shard_names import ShardNames
 from fastload.convert.sources._base import PlanReporter, Unit
 from fastload.convert.sources._records import RecordSource
 from fastload.errors import FastloadError, FormatError, InvalidArgumentError
 from fastload.formats._base import ErrorPolicy
+from fastload.formats._names import ShardNames
 from fastload.formats._sample import KEY
 from fastload.formats.manifest import MANIFEST_NAME, read_manifest
 from fastload.storage import Store

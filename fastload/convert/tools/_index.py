@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastload._version import __version__
-from fastload.convert._shard_names import ShardNames
 from fastload.convert.sources._base import visible
 from fastload.convert.tools._common import (
     Grouping,
@@ -37,6 +36,7 @@ from fastload.formats import (
     write_manifest,
 )
 from fastload.formats._base import FORMATS
+from fastload.formats._names import ShardNames
 from fastload.formats.manifest import why_empty
 from fastload.storage import Store
 

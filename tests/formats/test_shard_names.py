@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fastload.convert._shard_names import ShardNames
 from fastload.formats import Format, get_format
+from fastload.formats._names import ShardNames
 
 
 @pytest.mark.parametrize(
