@@ -53,7 +53,7 @@ class Guard:
 
     Other stores have no locks. A run removes LMDB scratch directories of dead processes from
     the system temporary directory, and, through the store's ``abort_incomplete_writes(prefix)``
-    when it has one (S3: multipart uploads), the unfinished uploads of the dataset's own keys
+    (S3: multipart uploads), the unfinished uploads of the dataset's own keys
     (``{prefix}-*``, the state, the manifest and the skip report), once it knows the destination
     holds this conversion (or nothing, or ``overwrite`` was asked). Two conversions into one
     object-store destination at once are not supported: the later one aborts the earlier one's
@@ -142,10 +142,8 @@ class Guard:
         """Abort the unfinished uploads of the dataset's keys, on stores that keep them."""
         if self.local is not None:
             return
-        abort = getattr(_innermost(self.store), "abort_incomplete_writes", None)
-        if callable(abort):
-            for key_prefix in (f"{prefix}-", STATE_PREFIX, MANIFEST_NAME, SKIPPED_KEY):
-                abort(key_prefix)
+        for key_prefix in (f"{prefix}-", STATE_PREFIX, MANIFEST_NAME, SKIPPED_KEY):
+            self.store.abort_incomplete_writes(key_prefix)
 
     def release(self) -> None:
         """Remove dead writers' files, the lock file and the empty state directory; unlock."""

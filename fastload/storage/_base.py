@@ -303,6 +303,17 @@ class Store(ABC):
         """
         del keys
 
+    def abort_incomplete_writes(self, prefix: str = "") -> builtins.list[str]:
+        """Discard the unfinished writes under ``prefix`` that writers killed mid-write left, and
+        return their keys.
+
+        A store whose unfinished writes take space but are invisible to :meth:`list` (S3's
+        multipart uploads) overrides this; the default has nothing to discard and returns ``[]``.
+        Call it only when no live writer uses those keys: their writes would be discarded too.
+        """
+        validate_prefix(prefix, url=self.url)
+        return []
+
     def child_url(self, key: str) -> str:
         """The URL of ``key`` within this store, for messages (no credentials)."""
         return self.url.rstrip("/") + "/" + key

@@ -332,6 +332,13 @@ class RetryStore(WrapperStore):
     def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
         self._call("put", key, lambda: self._store.put(key, data))
 
+    def abort_incomplete_writes(self, prefix: str = "") -> builtins.list[str]:
+        # Idempotent: a retry after a lost reply finds the aborted uploads gone and returns the
+        # rest, so its answer may lack keys aborted by the failed attempt.
+        return self._call(
+            "abort_incomplete_writes", prefix, lambda: self._store.abort_incomplete_writes(prefix)
+        )
+
     def delete(self, key: str) -> None:
         attempts = 0
 

@@ -117,6 +117,9 @@ class WrapperStore(Store):
     def local_path(self, key: str) -> str | None:
         return self._store.local_path(key)
 
+    def abort_incomplete_writes(self, prefix: str = "") -> builtins.list[str]:
+        return self._store.abort_incomplete_writes(prefix)
+
     def child_url(self, key: str) -> str:
         return self._store.child_url(key)
 

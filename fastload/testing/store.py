@@ -354,6 +354,14 @@ class StoreTests(StreamTests, ProcessTests):
         if store.supports_listing:
             assert store.list_keys() == []
 
+    def test_abort_incomplete_writes_keeps_finished_objects(self, store: Store) -> None:
+        store.put("partial/done", b"finished")
+        # No writer died here: nothing is unfinished, whatever the store keeps of such writes.
+        assert store.abort_incomplete_writes("partial/") == []
+        assert store.get("partial/done") == b"finished"
+        with pytest.raises(InvalidKeyError):
+            store.abort_incomplete_writes("/absolute/")
+
     # ---- atomicity ----------------------------------------------------------------------------
 
     def test_put_is_atomic_for_concurrent_readers(self, store: Store) -> None:
