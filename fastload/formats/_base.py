@@ -24,12 +24,12 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, ClassVar, Literal, TypedDict, get_args
 
 from fastload._plugins import PluginRegistry
 from fastload.errors import CorruptDataError, FormatError, InvalidArgumentError, MissingIndexError
 from fastload.storage import Store
+from fastload.storage._streams import CommitOnExit
 
 __all__ = [
     "DAMAGED_SHARD_REMEDY",
@@ -114,7 +114,7 @@ class _HashingCounter:
         self.nbytes += len(data)
 
 
-class ShardWriter(ABC):
+class ShardWriter(CommitOnExit):
     """Writes samples into one shard object.
 
     Use as a context manager, or call :meth:`close` (commit) / :meth:`abort` yourself.
@@ -168,19 +168,8 @@ class ShardWriter(ABC):
             if not name.startswith("__"):
                 self.fields[name] = self.fields.get(name, 0) + 1
 
-    def __enter__(self) -> ShardWriter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
+    def _publish_on_exit(self) -> ShardInfo:
+        return self.close()
 
 
 class ReaderOptions(TypedDict, total=False):

@@ -19,15 +19,16 @@ __all__ = ["CommitOnExit", "ObjectWriter", "RangedReader", "SeekableReader"]
 
 class CommitOnExit(ABC):
     """The ``with`` block of a writer that publishes its output whole: leaving the block
-    normally calls :meth:`commit`, leaving it with an exception calls :meth:`abort`.
+    normally publishes it (:meth:`_publish_on_exit`), leaving it with an exception calls
+    :meth:`abort`.
 
-    Shared by :class:`ObjectWriter` and any other all-or-nothing writer (a shard writer of
-    :mod:`fastload.formats`), so that the rule is written once.
+    Shared by :class:`ObjectWriter` (which publishes with ``commit()``) and the shard writers of
+    :mod:`fastload.formats` (``close()``), so that the rule is written once.
     """
 
     @abstractmethod
-    def commit(self) -> object:
-        """Publish what was written."""
+    def _publish_on_exit(self) -> object:
+        """Publish what was written: what leaving the block normally does."""
 
     @abstractmethod
     def abort(self) -> None:
@@ -43,7 +44,7 @@ class CommitOnExit(ABC):
         tb: TracebackType | None,
     ) -> None:
         if exc_type is None:
-            self.commit()
+            self._publish_on_exit()
         else:
             self.abort()
 
@@ -86,6 +87,9 @@ class ObjectWriter(CommitOnExit):
     def tell(self) -> int:
         """Bytes written so far."""
         return self._written
+
+    def _publish_on_exit(self) -> None:
+        self.commit()
 
     def commit(self) -> None:
         """Publish the object. Idempotent after success; raises if already aborted."""
