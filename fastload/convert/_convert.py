@@ -75,7 +75,7 @@ from fastload.convert._worker import ShardJob
 from fastload.convert.sources import SOURCES, ConversionError, Source, open_source
 from fastload.errors import InvalidArgumentError
 from fastload.formats import MANIFEST_NAME, Format, Manifest, ShardEntry, ShardInfo, get_format
-from fastload.formats._base import FORMATS
+from fastload.formats._base import FORMATS, ErrorPolicy
 from fastload.formats.manifest import write_manifest
 from fastload.storage import MemoryStore, Store, open_store
 
@@ -168,10 +168,7 @@ def convert(
         ObjectNotFoundError: ``src`` does not exist.
     """
     start = time.monotonic()
-    if on_error not in _ON_ERROR:
-        raise InvalidArgumentError(
-            f"{_option('on_error')} must be 'raise' or 'skip', got {on_error!r}"
-        )
+    ErrorPolicy.check(on_error, choices=_ON_ERROR, name=_option("on_error"))
     fmt = get_format(format)
     format_name = FORMATS.canonical(format)
     size_limit = _shard_size(shard_size, shard_samples)

@@ -64,11 +64,21 @@ class ErrorPolicy:
     """
 
     def __init__(self, on_error: str = "raise") -> None:
-        if on_error not in _ON_ERROR:
-            raise InvalidArgumentError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
-        self.on_error = on_error
+        self.on_error = self.check(on_error)
         self.skipped = 0
         self.errors: list[str] = []  # the first few messages, for reports
+
+    @staticmethod
+    def check(
+        on_error: object, *, choices: tuple[str, ...] = _ON_ERROR, name: str = "on_error"
+    ) -> str:
+        """``on_error`` if it is one of ``choices`` (a subset of the policies: ``convert`` takes
+        no ``warn``), else :class:`InvalidArgumentError` naming ``name`` and the choices."""
+        if on_error not in choices or not isinstance(on_error, str):
+            *rest, last = (repr(c) for c in choices)
+            wanted = f"{', '.join(rest)} or {last}" if rest else last
+            raise InvalidArgumentError(f"{name} must be {wanted}, got {on_error!r}")
+        return on_error
 
     def handle(self, exc: FormatError) -> None:
         """Raise ``exc`` or record it, according to the policy."""

@@ -145,7 +145,9 @@ class ShardFormatTests:
             num_bytes=info.num_bytes,
         ) as reader:
             assert [s["__key__"] for s in reader] == ["k0", "k1", "k2"]
-        with pytest.raises(InvalidArgumentError, match="on_error must be one of"):
+        with pytest.raises(
+            InvalidArgumentError, match="on_error must be 'raise', 'skip' or 'warn'"
+        ):
             self.fmt.reader(store, key, on_error="ignore")  # type: ignore[arg-type]
 
     # ---- what the writer reports and publishes -------------------------------------------------
