@@ -5,7 +5,10 @@ The steps (``fastload/convert/README.md`` has the user-facing version):
 1. **Plan** in the calling process: the source enumerates its samples in a fixed order, an optional
    seeded permutation mixes them, and they are cut into shards by ``shard_samples`` and/or
    ``shard_size``. The plan's SHA-256 covers the source, the content options and every sample
-   reference, so it identifies the result.
+   reference, so it identifies the result. Planning streams (see :mod:`._plan`): the plan keeps a
+   few numbers per shard, and the samples of a shard are enumerated again when it is written, so
+   memory is bounded by the number of shards, not of samples (a shuffled plan, and a source
+   whose enumeration is not cheap to repeat, keep their samples' references).
 2. **State**: ``_fastload_convert/plan.json`` is written (atomically) before any shard. A destination
    holding another dataset (a manifest or a plan with a different hash) is refused with
    :class:`~fastload.errors.DatasetExistsError` unless ``overwrite=True``.
@@ -47,10 +50,9 @@ from fastload.convert._map import MapFn, map_name, resolve_map
 from fastload.convert._plan import (
     DEFAULT_SHARD_SIZE,
     ConversionPlan,
+    ShardLayout,
     parse_size,
-    plan_hash,
-    plan_shards,
-    shuffle_units,
+    planned_units,
 )
 from fastload.convert._pool import Pool, ShardRecords, run_jobs, starts_before_planning
 from fastload.convert._progress import Progress, WarningPrinter, plural
@@ -273,15 +275,18 @@ def convert(
                 f"resuming: {resumed} of {plural(len(plan.shards), 'shard')} "
                 f"{'is' if resumed == 1 else 'are'} already done"
             )
-        jobs = [
-            ShardJob(source, dst_store, format_name, shard, map_fn, on_error, plan.sha256, map_dir)
-            for shard in plan.shards
+        jobs = (
+            ShardJob(
+                source, dst_store, format_name, shard, units, map_fn, on_error, plan.sha256, map_dir
+            )
+            for shard, units in plan.shard_units()
             if shard.name not in records
-        ]
-        if pool is None and use_pool and len(jobs) > 1:
-            pool = Pool(min(n_workers, len(jobs)), fmt)
+        )
+        remaining = len(plan.shards) - resumed
+        if pool is None and use_pool and remaining > 1:
+            pool = Pool(min(n_workers, remaining), fmt)
         try:
-            run_jobs(pool, jobs, done, map_fn)
+            run_jobs(pool, jobs, remaining, done, map_fn)
         finally:
             progress.close()
 
@@ -369,28 +374,7 @@ def _plan(
             )
         skipped.append(SkippedItem(item, reason, None))
 
-    units = source.plan_units(report)
-    warn()
-    if not units:
-        raise InvalidArgumentError(
-            f"no samples to convert in {source.store.url} (source type {source.type_name}"
-            + (
-                f"; {plural(len(skipped), 'item')} skipped, see the reasons above"
-                if skipped
-                else ""
-            )
-            + "); check the path and --source-type"
-        )
-    if shuffle:
-        units = shuffle_units(units, seed)
-    shards = plan_shards(
-        units,
-        format_name=format_name,
-        extension=fmt.extension,
-        prefix=prefix,
-        shard_samples=shard_samples,
-        shard_size=shard_size,
-    )
+    units, replay = planned_units(source, report, shuffle=shuffle, seed=seed)
     options = {
         "format": format_name,
         "shard_size": shard_size,
@@ -401,8 +385,20 @@ def _plan(
         "map": map_name(map_fn),
         "source_type": SOURCES.canonical(source.type_name),
     }
-    described = source.describe()
-    return ConversionPlan(shards, described, options, plan_hash(described, options, shards))
+    layout = ShardLayout(format_name, fmt.extension, prefix, shard_samples, shard_size)
+    plan = ConversionPlan.build(units, layout, source.describe(), options, replay)
+    warn()
+    if not plan.shards:
+        raise InvalidArgumentError(
+            f"no samples to convert in {source.store.url} (source type {source.type_name}"
+            + (
+                f"; {plural(len(skipped), 'item')} skipped, see the reasons above"
+                if skipped
+                else ""
+            )
+            + "); check the path and --source-type"
+        )
+    return plan
 
 
 def _finish(

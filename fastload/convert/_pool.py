@@ -4,7 +4,9 @@
 :class:`ShardRecords` (and its progress line) as they come. One job, or no pool, runs in this
 process (:func:`fastload.convert._worker.write_shards`). Otherwise :class:`Pool`'s workers each
 run :func:`fastload.convert._worker.run_worker`, which takes jobs from a shared queue in plan
-order; the first failure stops them all after the shard each is writing.
+order; the first failure stops them all after the shard each is writing. The jobs are made (their
+units enumerated) as the queue drains, a few per worker ahead, so the converting process holds a
+few shards' units at a time, never the whole plan's.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 import pickle
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -53,6 +55,11 @@ class ShardRecords:
         """Update the progress line with what the running jobs have written so far."""
         samples, nbytes = counters.totals()
         self.progress.update(self.base_samples + samples, self.base_bytes + nbytes)
+
+
+#: Jobs queued ahead of the workers, per worker: enough that none waits for the next shard's units
+#: to be enumerated, few enough that the queue holds a few shards, not the plan.
+_QUEUED_PER_WORKER = 2
 
 
 def pool_context() -> multiprocessing.context.BaseContext:
@@ -103,12 +110,14 @@ class Pool:
         self.jobs: Any = ctx.Queue()
         # Jobs left in the queue when the workers stop are dropped, not waited for.
         self.jobs.cancel_join_thread()
+        self.taken: Any = ctx.Value("q", 0)
         self.stop: Any = ctx.Value("b", 0)
+        self._shut = False
         self.executor = ProcessPoolExecutor(
             max_workers=n_workers,
             mp_context=ctx,
             initializer=_worker.init_worker,
-            initargs=(self.samples, self.nbytes, self.jobs, self.stop, os.getpid()),
+            initargs=(self.samples, self.nbytes, self.jobs, self.taken, self.stop, os.getpid()),
         )
         forking = ctx.get_start_method() == "fork"
         if forking:
@@ -120,18 +129,33 @@ class Pool:
             if forking:
                 gc.unfreeze()
 
+    def end_jobs(self) -> None:
+        """Queue an end marker per worker: each stops when it reaches one."""
+        for _ in range(self.n_workers):
+            self.jobs.put(None)
+
     def shutdown(self) -> None:
-        """Stop the workers after the shard each is writing (and committing), and wait for them."""
+        """Stop the workers after the shard each is writing (and committing), and wait for them
+        (once; later calls do nothing)."""
+        if self._shut:
+            return
+        self._shut = True
         self.stop.value = 1
+        self.end_jobs()  # wakes the workers waiting for a job that will not come
         self.executor.shutdown(wait=True, cancel_futures=True)
         self.jobs.close()
 
 
 def run_jobs(
-    pool: Pool | None, jobs: Sequence[ShardJob], done: ShardRecords, map_fn: str | MapFn | None
+    pool: Pool | None,
+    jobs: Iterable[ShardJob],
+    count: int,
+    done: ShardRecords,
+    map_fn: str | MapFn | None,
 ) -> None:
-    """Write the shards of ``jobs``, in ``pool`` when there is one and more than one job."""
-    if pool is None or len(jobs) <= 1:
+    """Write the shards of the ``count`` ``jobs`` (made as they are taken), in ``pool`` when there
+    is one and more than one job."""
+    if pool is None or count <= 1:
         _run_in_process(jobs, done)
         return
     if map_fn is not None and not isinstance(map_fn, str):
@@ -149,24 +173,37 @@ def _check_picklable(map_fn: MapFn) -> None:
         ) from exc
 
 
-def _run_in_process(jobs: Sequence[ShardJob], done: ShardRecords) -> None:
+def _run_in_process(jobs: Iterable[ShardJob], done: ShardRecords) -> None:
     counters = Counters()
     with _worker.counting(counters):
         for record in _worker.write_shards(iter(jobs), lambda: done.show(counters)):
             done.add(record)
 
 
-def _run_pool(pool: Pool, jobs: Sequence[ShardJob], done: ShardRecords) -> None:
-    # Pickled here, so that an unpicklable job fails now (the queue would pickle it in a thread).
-    for job in jobs:
-        pool.jobs.put(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
-    runners = min(pool.n_workers, len(jobs))
-    for _ in range(runners):
-        pool.jobs.put(None)
-    pending = {pool.executor.submit(_worker.run_worker) for _ in range(runners)}
+def _run_pool(pool: Pool, jobs: Iterable[ShardJob], done: ShardRecords) -> None:
+    feed = iter(jobs)
+    fed: list[str] = []  # the names of the shards queued
+
+    def top_up() -> bool:
+        """Queue jobs until a few per worker wait; whether more are to come."""
+        while len(fed) - pool.taken.value < pool.n_workers * _QUEUED_PER_WORKER:
+            job = next(feed, None)
+            if job is None:
+                pool.end_jobs()
+                return False
+            # Pickled here, so that an unpicklable job fails now (the queue would pickle it in
+            # a thread).
+            pool.jobs.put(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
+            fed.append(job.shard.name)
+        return True
+
+    pending = {pool.executor.submit(_worker.run_worker) for _ in range(pool.n_workers)}
+    feeding = top_up()
     failure: BaseException | None = None
     while pending:
-        finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+        # While jobs are still to come, look at the queue often enough to keep it topped up.
+        timeout = 0.02 if feeding else 0.5
+        finished, pending = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
         for fut in finished:
             exc = fut.exception()
             if isinstance(exc, BrokenProcessPool):
@@ -185,7 +222,9 @@ def _run_pool(pool: Pool, jobs: Sequence[ShardJob], done: ShardRecords) -> None:
             pool.shutdown()
             raise failure
         done.show(pool.counters)
-    missing = [job.shard.name for job in jobs if job.shard.name not in done.records]
+        if feeding:
+            feeding = top_up()
+    missing = [name for name in fed if name not in done.records]
     if missing:  # cannot happen unless a worker lost jobs; never write a manifest without them
         raise WorkerError(
             f"conversion workers finished without writing {plural(len(missing), 'shard')} (first: "

@@ -217,7 +217,7 @@ def print_dry_run(
     ]
     for shard in list(shards[:5]):
         lines.append(
-            f"  {shard.name}: {plural(len(shard.units), 'sample')}, "
+            f"  {shard.name}: {plural(shard.num_samples, 'sample')}, "
             f"~{format_bytes(shard.est_bytes)}"
         )
     if len(shards) > 5:

@@ -202,7 +202,7 @@ def interrupted_note(store: Store | None, shards: Sequence[ShardPlan] | None, ph
     except (FastloadError, OSError):
         done_keys = set()
     done = [s for s in shards if done_key(s.name) in done_keys]
-    samples = sum(len(s.units) for s in shards)
+    samples = sum(s.num_samples for s in shards)
     if len(done) == len(shards):
         return (
             f"interrupted after writing every shard ({len(shards)} of {len(shards)}), before the "
@@ -210,6 +210,6 @@ def interrupted_note(store: Store | None, shards: Sequence[ShardPlan] | None, ph
         )
     return (
         f"interrupted after {len(done)} of {plural(len(shards), 'shard')} "
-        f"({sum(len(s.units) for s in done)} of {plural(samples, 'sample')}); re-run the same "
+        f"({sum(s.num_samples for s in done)} of {plural(samples, 'sample')}); re-run the same "
         "command to resume: the finished shards are kept"
     )

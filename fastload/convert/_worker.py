@@ -57,12 +57,14 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ShardJob:
-    """Everything a worker needs to write one planned shard (pickled into the job queue)."""
+    """Everything a worker needs to write one planned shard (pickled into the job queue): the
+    shard's own units, never the rest of the plan."""
 
     source: Source
     dst: Store
     format_name: str
     shard: ShardPlan
+    units: list[Unit]
     map_spec: str | MapFn | None
     on_error: str
     plan_sha256: str
@@ -99,21 +101,22 @@ class Counters:
 
 
 _COUNTERS = Counters()
-#: In a worker process: the queue of pickled shard jobs (``None`` ends it), the stop flag and the
-#: converting process's id.
+#: In a worker process: the queue of pickled shard jobs (``None`` ends it), the count of jobs
+#: taken from it (shared by the workers), the stop flag and the converting process's id.
 _JOBS: Any = None
+_TAKEN: Any = None
 _STOP: Any = None
 _PARENT = 0
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def init_worker(samples: Any, nbytes: Any, jobs: Any, stop: Any, parent: int) -> None:
+def init_worker(samples: Any, nbytes: Any, jobs: Any, taken: Any, stop: Any, parent: int) -> None:
     """Set up a worker process. It is killed when the converting process dies (Linux: by the
     kernel, ``PR_SET_PDEATHSIG``; elsewhere it stops before its next shard), so that a killed
     conversion leaves no orphan writing into the destination or waiting forever for work."""
-    global _COUNTERS, _JOBS, _STOP, _PARENT
+    global _COUNTERS, _JOBS, _TAKEN, _STOP, _PARENT
     _COUNTERS = Counters(samples, nbytes)
-    _JOBS, _STOP, _PARENT = jobs, stop, parent
+    _JOBS, _TAKEN, _STOP, _PARENT = jobs, taken, stop, parent
     # Ctrl-C reaches the whole process group; only the converting process acts on it (it stops
     # the workers after their shards, see Pool.shutdown). A KeyboardInterrupt in a worker
     # would print a traceback per idle worker, and one raised while a worker holds a shared
@@ -184,7 +187,7 @@ def write_samples(job: ShardJob) -> Written:
         raise_if_no_space(exc, job.dst, job.shard)
         raise
     try:
-        for unit, result in job.source.read_units(job.shard.units):
+        for unit, result in job.source.read_units(job.units):
             if isinstance(result, Exception):
                 fail(unit, describe(result), result)
                 continue
@@ -339,6 +342,8 @@ def _queued_jobs() -> Iterator[ShardJob]:
         data = _JOBS.get()
         if data is None:
             return
+        with _TAKEN.get_lock():
+            _TAKEN.value += 1
         job: ShardJob = pickle.loads(data)
         yield job
 

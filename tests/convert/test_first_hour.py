@@ -83,7 +83,8 @@ def test_stray_files_leave_an_image_folder_an_image_folder(tmp_path: Path, cv: A
         "fastload convert: warning: left out 3 files of "
         f"{open_store(tmp_path / 'root').url} that are not images: cat/README.txt, "
         "dog/Thumbs.db, labels.csv. An image folder's samples are its images (extensions avif, "
-        "bmp, gif, jpeg, jpg, jxl, pgm, png, ppm, tif, tiff, webp); pass --source-type files "
+        "bmp, gif, jfif, jpe, jpeg, jpg, jxl, pbm, pgm, png, pnm, ppm, tif, tiff, webp); pass "
+        "--source-type files "
         "(source_type='files') to convert every file instead"
     )
     assert lines[1].startswith("converted 6 samples (source imagefolder, 2 classes) into 1 ")

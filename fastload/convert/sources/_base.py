@@ -5,7 +5,9 @@ A :class:`Source` does two things:
 * :meth:`Source.plan_units` enumerates the corpus **deterministically** (sorted by store key, then by
   position in the file) into :class:`Unit` records, one per sample. A unit is small, picklable and
   JSON-able; it carries an estimate of the sample's bytes so the planner can cut shards by size.
-  Record sources (JSONL, text, CSV, Parquet, shards) make one cheap pass here to count records.
+  Record sources (JSONL, text, CSV, Parquet, shards) make one cheap pass here over the records.
+  Where that pass is cheap to repeat (:attr:`Source.replannable`), the units stream: the
+  conversion plans from one pass and writes from a second, and never holds them all.
 * :meth:`Source.read_units` turns a list of units back into samples, in the order given, in a worker
   process. Each unit yields either a sample ``{"__key__": str, field: bytes}`` or the exception that
   made it unreadable, so the caller applies the ``on_error`` policy per item.
@@ -30,7 +32,7 @@ from __future__ import annotations
 import functools
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 from fastload.errors import ConversionError
@@ -213,12 +215,22 @@ class Source(ABC):
         state["_listing"], state["warnings"], state["ignored"] = None, [], []
         return state
 
+    @property
+    def replannable(self) -> bool:
+        """Whether :meth:`plan_units` streams its units and is cheap to run again (one pass over
+        the records, no state kept across it), so that a conversion runs it twice rather than
+        keep every unit. Otherwise its units are kept from the one planning pass."""
+        return False
+
     @abstractmethod
-    def plan_units(self, report: PlanReporter) -> list[Unit]:
+    def plan_units(self, report: PlanReporter) -> Iterable[Unit]:
         """Every sample of the corpus as a :class:`Unit`, in a deterministic order.
 
         Items that cannot even be planned (a file with the wrong columns, a key collision) go to
-        ``report(item, reason)``, which raises under ``on_error=raise``.
+        ``report(item, reason)``, which raises under ``on_error=raise``. A :attr:`replannable`
+        source yields the units as it enumerates them, the same ones on every run while the
+        corpus is unchanged. :meth:`describe` is final when this returns (before its units are
+        consumed): it heads the plan's hash.
         """
 
     @abstractmethod

@@ -125,17 +125,17 @@ def _lines(store: Store, key: str) -> Iterator[tuple[int, int, int]]:
 class _LineSource(RecordSource):
     """One sample per non-blank line; ``ref = (file key, 0, line index)`` plus the byte span."""
 
-    def plan_units(self, report: PlanReporter) -> list[Unit]:
-        units: list[Unit] = []
+    @property
+    def replannable(self) -> bool:
+        return True
+
+    def plan_units(self, report: PlanReporter) -> Iterator[Unit]:
         for meta in self.listing():
             try:
                 for n, offset, length in _lines(self.store, meta.key):
-                    units.append(
-                        Unit(f"{meta.key}:{n + 1}", (meta.key, 0, n, offset, length), length)
-                    )
+                    yield Unit(f"{meta.key}:{n + 1}", (meta.key, 0, n, offset, length), length)
             except (OSError, FastloadError) as exc:
                 report(meta.key, f"cannot be read: {exc}")
-        return units
 
     def read_units(
         self, units: Sequence[Unit]

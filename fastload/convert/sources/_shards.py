@@ -105,9 +105,21 @@ class ShardSource(RecordSource):
             raise InvalidArgumentError(f"no shards found in {self.store.url}")
         return get_format(self.format_name)
 
-    def plan_units(self, report: PlanReporter) -> list[Unit]:
-        units: list[Unit] = []
-        for key, count, nbytes in self._shards(report):
+    @property
+    def replannable(self) -> bool:
+        """A fastload dataset's units come from its manifest's counts; third-party shards are
+        read whole to find their intact samples, which is not repeated."""
+        return self.keys is None and self.store.exists(MANIFEST_NAME)
+
+    def plan_units(self, report: PlanReporter) -> Iterator[Unit]:
+        # The shard list is read now, not when the units are: it sets the format, which
+        # describe() names.
+        return self._units(self._shards(report), report)
+
+    def _units(
+        self, shards: Sequence[tuple[str, int | None, int | None]], report: PlanReporter
+    ) -> Iterator[Unit]:
+        for key, count, nbytes in shards:
             if count is not None:  # a fastload dataset: the manifest's count
                 positions: Sequence[int] = range(count)
             else:
@@ -118,8 +130,7 @@ class ShardSource(RecordSource):
                 for exc, ended in _errors_with_end(errors):
                     report(_damage_item(key, exc), _damage_reason(exc, ended, len(positions)))
             per = max(1, (nbytes or 0) // max(1, len(positions)))
-            units.extend(Unit(f"{key}#{i}", (key, 0, i), per, 1) for i in positions)
-        return units
+            yield from (Unit(f"{key}#{i}", (key, 0, i), per, 1) for i in positions)
 
     def _intact(
         self, key: str, errors: list[Exception], last: int | None = None

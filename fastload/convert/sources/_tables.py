@@ -22,6 +22,10 @@ def _pyarrow(module: str) -> Any:
 class _TableSource(RecordSource):
     """Shared column handling of CSV and Parquet: every file must have the same columns."""
 
+    @property
+    def replannable(self) -> bool:
+        return True
+
     def _check_columns(
         self, key: str, names: list[str], first: list[str] | None, report: PlanReporter
     ) -> bool:
@@ -72,8 +76,7 @@ class CsvSource(_TableSource):
             convert_options=convert,
         )
 
-    def plan_units(self, report: PlanReporter) -> list[Unit]:
-        units: list[Unit] = []
+    def plan_units(self, report: PlanReporter) -> Iterator[Unit]:
         first: list[str] | None = None
         for meta in self.listing():
             try:
@@ -85,15 +88,12 @@ class CsvSource(_TableSource):
                 for batch in self._open(meta.key, names):
                     per_row = max(1, batch.nbytes // max(1, batch.num_rows))
                     for _ in range(batch.num_rows):
-                        units.append(
-                            Unit(f"{meta.key}:row {row}", (meta.key, 0, row), per_row, len(names))
-                        )
+                        yield Unit(f"{meta.key}:row {row}", (meta.key, 0, row), per_row, len(names))
                         row += 1
             except (OSError, FastloadError) as exc:
                 report(meta.key, f"cannot be read: {exc}")
             except Exception as exc:  # pyarrow.ArrowInvalid and friends
                 report(meta.key, f"is not valid CSV: {exc}")
-        return units
 
     def _read_group(
         self, key: str, group: int, indices: Sequence[int]
@@ -141,8 +141,7 @@ class ParquetSource(_TableSource):
         pq = _pyarrow("pyarrow.parquet")
         return pq.ParquetFile(self.store.open_reader(key))
 
-    def plan_units(self, report: PlanReporter) -> list[Unit]:
-        units: list[Unit] = []
+    def plan_units(self, report: PlanReporter) -> Iterator[Unit]:
         first: list[str] | None = None
         for meta in self.listing():
             try:
@@ -156,15 +155,12 @@ class ParquetSource(_TableSource):
                     rg = pf.metadata.row_group(g)
                     per_row = max(1, rg.total_byte_size // max(1, rg.num_rows))
                     for _ in range(rg.num_rows):
-                        units.append(
-                            Unit(f"{meta.key}:row {row}", (meta.key, g, row), per_row, len(names))
-                        )
+                        yield Unit(f"{meta.key}:row {row}", (meta.key, g, row), per_row, len(names))
                         row += 1
             except (OSError, FastloadError) as exc:
                 report(meta.key, f"cannot be read: {exc}")
             except Exception as exc:
                 report(meta.key, f"is not valid Parquet: {exc}")
-        return units
 
     def _read_group(
         self, key: str, group: int, indices: Sequence[int]
