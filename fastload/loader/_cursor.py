@@ -30,6 +30,7 @@ from typing import Any
 
 from fastload.errors import InvalidArgumentError
 from fastload.loader._dataset import Dataset
+from fastload.loader._order import ORDER_VERSION, computes_order_version
 from fastload.loader._partition import Partition
 from fastload.loader._seeds import check_seed
 from fastload.loader._stats import LoaderStats
@@ -259,6 +260,16 @@ class EpochCursor:
                 f"the state was saved on another dataset (shard list fingerprint "
                 f"{state['dataset']!r}, {ds.url} has {ds.fingerprint!r}: "
                 "shard names, sample counts or checksums differ); resume on the same dataset"
+            )
+        saved_order = state.get("order_version", 1)  # states saved before order versions: 1
+        if not computes_order_version(
+            saved_order, ds.shard_sizes, shuffle=ds.shuffle, block_size=ds.block_size
+        ):
+            raise InvalidArgumentError(
+                f"the state was saved with epoch order version {saved_order!r}, but this fastload "
+                f"shuffles {ds.url} with order version {ORDER_VERSION}: resuming would repeat and "
+                "skip samples. Resume with the fastload release that saved the state, or start "
+                f"the next epoch (set_epoch({epoch + 1})) without loading it"
             )
         for name, value in ds.order_options().items():
             if name in state and state[name] != value:

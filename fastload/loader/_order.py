@@ -6,21 +6,46 @@ partitioning and elastic resumption possible.
 
 **Block shuffle with a window** (``shuffle=True``):
 
-1. Each shard is cut into *blocks* of ``block_size`` consecutive samples (the last block of a shard
-   may be shorter; empty shards have no blocks). ``block_size=None`` makes every shard one block.
-2. All blocks of the dataset are permuted with ``numpy.random.default_rng([seed, epoch, 1])``.
-3. Consecutive permuted blocks are grouped into *windows* of ``window`` blocks, and the samples of
-   window ``w`` are permuted with ``default_rng([seed, epoch, 2, w])``.
+1. Each shard is cut into *blocks* of ``block_size`` consecutive samples; the last block of a shard
+   is *short* when the shard size is not a multiple of ``block_size``; empty shards have no blocks.
+   The ``M`` blocks are numbered in dataset order. ``block_size=None`` acts as a block size of the
+   largest shard: every non-empty shard is one block.
+2. *Slot* ``k`` of the epoch holds block ``perm(k)``, where ``perm`` is a keyed permutation of
+   ``range(M)`` drawn from ``[seed, epoch, 1]`` (:func:`~fastload.loader._permute.block_permutation`:
+   NumPy's uniform permutation up to 4,096 blocks, a Feistel network computed on demand above).
+3. Consecutive slots are grouped into *windows* of ``window`` slots, and the samples of window ``w``
+   are permuted with ``default_rng([seed, epoch, 2, w])``.
 
 Position ``p`` of the epoch is therefore: find its window, apply that window's permutation, find the
-block the permuted offset falls in, and add the offset within the block to the block's first sample.
+slot the permuted offset falls in, and add the offset within the block to the block's first sample.
 Reads for a batch touch at most ``window`` blocks (locality for range reads and shard caches), while
 blocks come from anywhere in the dataset (global mixing). ``block_size=None`` with a small ``window``
 is the classic streaming shuffle: shard order plus a buffer of ``window`` shards.
 
-**Cost**: the permuted block table is O(N / block_size) integers per epoch (three int64 arrays: for
-100 M samples and the default block size of 64, about 37 MB); a window's permutation is computed on
-demand (O(window x block_size)) and a few are cached. No O(N) array is ever built.
+**Where the slots start.** Only short blocks (at most one per shard) break the ``k x block_size``
+arithmetic, so their slots (``perm`` inverted) are found once per epoch and kept sorted, with the
+running sum of their shortfalls: slot ``k`` starts at ``k x block_size`` minus the shortfall of the
+short slots before ``k``, and position ``p`` is in slot ``(p + shortfall of the short slots ending at
+or before p) // block_size`` (one binary search over the short slots either way).
+
+**Cost** (``S`` shards, ``N`` samples; nothing depends on ``N``):
+
+* O(1): the block permutation (8 Feistel round keys, or a table of at most 4,096 blocks, 64 KiB).
+* O(S): built per epoch, kept while the order lives: shard starts and first blocks, the sorted
+  short slots, their end positions and shortfall sums (five int64 arrays of at most ``S + 1``
+  entries: 4 MB at 10^5 shards); :meth:`EpochOrder.indices` does O(log S) per position on them.
+* O(window x block_size): a window's sample permutation and block table, built on first use; the
+  last four are cached, with the blocks of the run of 1,024 slots the last one came from (the block
+  permutation is evaluated a run at a time).
+
+**Randomness.** With NumPy's permutation of the blocks (up to 4,096 blocks) the order is the one
+earlier versions computed: a uniform block permutation, then a uniform permutation inside each
+window. Above 4,096 blocks the block permutation is the Feistel network's (a pseudo-random
+permutation, see :mod:`fastload.loader._permute`): every block lands in a slot spread over the whole
+epoch and neighbouring blocks land apart, but it is not a uniform draw from all ``M!`` orders. The
+in-window shuffle stays uniform. :data:`ORDER_VERSION` names this algorithm: a change to any of it
+(the numbering, the permutation, the windows) must bump it, since a resume state saved under one
+order cannot be continued exactly under another.
 
 Without shuffle the order is the dataset order (shard by shard, as the manifest lists them).
 """
@@ -29,21 +54,62 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from fastload.errors import InvalidArgumentError
+from fastload.loader._permute import TABLE_LIMIT, block_permutation
 from fastload.loader._seeds import TAG_BLOCKS, TAG_WINDOW, check_seed
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "DEFAULT_WINDOW", "EpochOrder"]
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "DEFAULT_WINDOW",
+    "ORDER_VERSION",
+    "EpochOrder",
+    "computes_order_version",
+]
 
 #: Default samples per block.
 DEFAULT_BLOCK_SIZE = 64
 #: Default blocks per shuffle window (so a window holds up to 4096 samples by default).
 DEFAULT_WINDOW = 64
+#: Version of the order algorithm (module doc); resume states record it with the order options.
+#: Version 1 (states without the entry) permuted every block with NumPy, as version 2 does up to
+#: 4,096 blocks.
+ORDER_VERSION = 2
 
 IntArray = npt.NDArray[np.int64]
+
+
+def computes_order_version(
+    version: int, shard_sizes: npt.ArrayLike, *, shuffle: bool, block_size: int | None
+) -> bool:
+    """Whether this fastload's epoch orders for these options are those of order algorithm
+    ``version``, so that a resume state saved under it continues exactly.
+
+    True for this version; for any version without shuffle (the dataset order); and for version 1
+    when the dataset has at most 4,096 blocks (the block permutation is NumPy's in both).
+    O(shards).
+    """
+    if version == ORDER_VERSION or not shuffle:
+        return True
+    if version != 1:
+        return False
+    sizes = np.asarray(shard_sizes, dtype=np.int64)
+    block = block_size if block_size is not None else max(1, int(sizes.max(initial=0)))
+    return int((-(-sizes // block)).sum()) <= TABLE_LIMIT
+
+
+class _Window(NamedTuple):
+    """One shuffle window: where it starts, its sample permutation and its blocks."""
+
+    start: int  # first epoch position
+    stop: int  # epoch position after the last
+    perm: IntArray  # offset in the window -> permuted offset
+    block_first: IntArray  # dataset index of each block's first sample, in slot order
+    block_offset: IntArray  # offset of each block in the window; one more entry: the window size
 
 
 class EpochOrder:
@@ -65,6 +131,8 @@ class EpochOrder:
     """
 
     _CACHED_WINDOWS = 4
+    #: Slots whose blocks are computed together (see :meth:`_blocks_of_window`).
+    _SLOTS_PER_RUN = 1024
 
     def __init__(
         self,
@@ -93,38 +161,107 @@ class EpochOrder:
         self.block_size = block_size
         self.window = window
         self.num_samples = int(sizes.sum())
-        self._windows: OrderedDict[int, IntArray] = OrderedDict()
+        self._windows: OrderedDict[int, _Window] = OrderedDict()
         if not self.shuffle or self.num_samples == 0:
+            self._num_blocks = 0
             return
-        starts, lengths = _blocks(sizes, block_size)
-        rng = np.random.default_rng([self.seed, self.epoch, TAG_BLOCKS])
-        perm = rng.permutation(len(starts))
-        self._bstart: IntArray = starts[perm]
-        self._blen: IntArray = lengths[perm]
-        # _bcum[k] = first epoch position of permuted block k; _bcum[-1] == N.
-        self._bcum: IntArray = np.zeros(len(perm) + 1, dtype=np.int64)
-        np.cumsum(self._blen, out=self._bcum[1:])
-        self._num_blocks = len(perm)
-        self._wstart: IntArray = self._bcum[0 : self._num_blocks : window]
+        self._block = block_size if block_size is not None else int(sizes.max())
+        # _shard_start[s] = dataset index of shard s's first sample; _shard_start[-1] == N.
+        self._shard_start: IntArray = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=self._shard_start[1:])
+        # _first_block[s] = number of shard s's first block; _first_block[-1] == M.
+        self._first_block: IntArray = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(-(-sizes // self._block), out=self._first_block[1:])
+        self._num_blocks = int(self._first_block[-1])
+        self._perm = block_permutation(self._num_blocks, [self.seed, self.epoch, TAG_BLOCKS])
+        self._windows_per_run = max(1, self._SLOTS_PER_RUN // window)
+        self._run_blocks: tuple[int, IntArray] | None = None
+        self._locate_short_blocks(sizes)
+
+    def _locate_short_blocks(self, sizes: IntArray) -> None:
+        """Find the slots of the short blocks and the running sum of their shortfalls."""
+        tail = sizes % self._block
+        has_short = tail > 0
+        slots = self._perm.inverse(self._first_block[1:][has_short] - 1)
+        order = np.argsort(slots)
+        # Slots holding a short block, increasing.
+        self._short_slot: IntArray = slots[order]
+        # _shortfall[j] = samples missing from the first j short slots (vs full blocks).
+        self._shortfall: IntArray = np.zeros(len(order) + 1, dtype=np.int64)
+        np.cumsum(self._block - tail[has_short][order], out=self._shortfall[1:])
+        # First epoch position after each short slot.
+        self._short_end: IntArray = (self._short_slot + 1) * self._block - self._shortfall[1:]
 
     @property
     def num_windows(self) -> int:
         """Number of shuffle windows (0 without shuffle)."""
-        return len(self._wstart) if self.shuffle and self.num_samples else 0
+        return -(-self._num_blocks // self.window)
 
-    def _window_perm(self, w: int) -> IntArray:
-        perm = self._windows.get(w)
-        if perm is not None:
+    def window_range(self, w: int) -> tuple[int, int]:
+        """Epoch positions ``[start, stop)`` of shuffle window ``w`` (``0 <= w < num_windows``):
+        their samples come from at most ``window`` blocks."""
+        if not 0 <= w < self.num_windows:
+            raise InvalidArgumentError(f"window number must be in [0, {self.num_windows}), got {w}")
+        first = w * self.window
+        start, stop = self._slot_start(
+            np.array([first, min(first + self.window, self._num_blocks)])
+        )
+        return int(start), int(stop)
+
+    def _slot_start(self, slots: IntArray) -> IntArray:
+        """First epoch position of each slot (``slots`` may include ``M``, which starts at ``N``)."""
+        short_before = np.searchsorted(self._short_slot, slots, side="left")
+        return slots * self._block - self._shortfall[short_before]
+
+    def _window_of(self, positions: IntArray) -> IntArray:
+        """The window of each epoch position."""
+        short_before = np.searchsorted(self._short_end, positions, side="right")
+        slots = (positions + self._shortfall[short_before]) // self._block
+        return slots // self.window
+
+    def _window_table(self, w: int) -> _Window:
+        """Window ``w``'s table, from the cache or built (O(window x block_size))."""
+        table = self._windows.get(w)
+        if table is not None:
             self._windows.move_to_end(w)
-            return perm
-        lo = int(self._bcum[w * self.window])
-        hi = int(self._bcum[min((w + 1) * self.window, self._num_blocks)])
+            return table
+        slots = np.arange(w * self.window, min((w + 1) * self.window, self._num_blocks))
+        blocks = self._blocks_of_window(w)
+        shard = np.searchsorted(self._first_block, blocks, side="right") - 1
+        first = self._shard_start[shard] + (blocks - self._first_block[shard]) * self._block
+        block_offset = np.zeros(len(slots) + 1, dtype=np.int64)
+        np.cumsum(
+            np.minimum(self._block, self._shard_start[shard + 1] - first), out=block_offset[1:]
+        )
         rng = np.random.default_rng([self.seed, self.epoch, TAG_WINDOW, w])
-        perm = rng.permutation(hi - lo).astype(np.int64, copy=False)
-        self._windows[w] = perm
+        perm = rng.permutation(int(block_offset[-1])).astype(np.int64, copy=False)
+        start = int(self._slot_start(slots[:1])[0])
+        table = _Window(start, start + len(perm), perm, first, block_offset)
+        self._windows[w] = table
         if len(self._windows) > self._CACHED_WINDOWS:
             self._windows.popitem(last=False)
-        return perm
+        return table
+
+    def _blocks_of_window(self, w: int) -> IntArray:
+        """The blocks in window ``w``'s slots. The permutation is evaluated for a run of
+        consecutive windows at once (NumPy's cost per call dominates a window's few blocks), the
+        last run kept: the next windows are usually the next ones asked for."""
+        run = w // self._windows_per_run
+        if self._run_blocks is None or self._run_blocks[0] != run:
+            first = run * self._windows_per_run * self.window
+            stop = min(first + self._windows_per_run * self.window, self._num_blocks)
+            self._run_blocks = (run, self._perm(np.arange(first, stop)))
+        offset = (w - run * self._windows_per_run) * self.window
+        return self._run_blocks[1][offset : offset + self.window]
+
+    def _cached_window_holding(self, lo: int, hi: int) -> _Window | None:
+        """The cached window holding positions ``lo`` to ``hi``, if any (the usual case: a batch
+        is consecutive positions, smaller than a window)."""
+        for w, table in reversed(self._windows.items()):
+            if table.start <= lo and hi < table.stop:
+                self._windows.move_to_end(w)
+                return table
+        return None
 
     def indices(self, positions: npt.ArrayLike) -> IntArray:
         """Dataset indices of the given epoch positions (any shape of ints in ``[0, N)``).
@@ -133,22 +270,24 @@ class EpochOrder:
             InvalidArgumentError: A position is outside ``[0, N)``.
         """
         pos = np.asarray(positions, dtype=np.int64)
-        if pos.size and (int(pos.min()) < 0 or int(pos.max()) >= self.num_samples):
+        if not pos.size:
+            return pos.copy()
+        lo, hi = int(pos.min()), int(pos.max())
+        if lo < 0 or hi >= self.num_samples:
             raise InvalidArgumentError(
-                f"epoch positions must lie in [0, {self.num_samples}), got "
-                f"[{int(pos.min())}, {int(pos.max())}]"
+                f"epoch positions must lie in [0, {self.num_samples}), got [{lo}, {hi}]"
             )
-        if not self.shuffle or self.num_samples == 0:
+        if not self.shuffle:
             return pos.copy()
         flat = pos.reshape(-1)
+        table = self._cached_window_holding(lo, hi)
+        if table is not None:
+            return _in_window(table, flat).reshape(pos.shape)
+        win = self._window_of(flat)
         out = np.empty_like(flat)
-        win = np.searchsorted(self._wstart, flat, side="right") - 1
         for w in np.unique(win).tolist():
             mask = win == w
-            lo = int(self._wstart[w])
-            shifted = lo + self._window_perm(w)[flat[mask] - lo]
-            block = np.searchsorted(self._bcum, shifted, side="right") - 1
-            out[mask] = self._bstart[block] + (shifted - self._bcum[block])
+            out[mask] = _in_window(self._window_table(w), flat[mask])
         return out.reshape(pos.shape)
 
     def __len__(self) -> int:
@@ -161,19 +300,8 @@ class EpochOrder:
         )
 
 
-def _blocks(sizes: IntArray, block_size: int | None) -> tuple[IntArray, IntArray]:
-    """First dataset index and length of every non-empty block, in dataset order."""
-    offsets = np.zeros(len(sizes), dtype=np.int64)
-    np.cumsum(sizes[:-1], out=offsets[1:])
-    nonempty = sizes > 0
-    if block_size is None:
-        return offsets[nonempty], sizes[nonempty]
-    per_shard = (sizes + block_size - 1) // block_size
-    total = int(per_shard.sum())
-    shard_of_block = np.repeat(np.arange(len(sizes)), per_shard)
-    first_block = np.zeros(len(sizes), dtype=np.int64)
-    np.cumsum(per_shard[:-1], out=first_block[1:])
-    k = np.arange(total, dtype=np.int64) - first_block[shard_of_block]
-    starts = offsets[shard_of_block] + k * block_size
-    lengths = np.minimum(block_size, sizes[shard_of_block] - k * block_size)
-    return starts, lengths.astype(np.int64)
+def _in_window(table: _Window, positions: IntArray) -> IntArray:
+    """Dataset indices of epoch positions that all lie in ``table``'s window."""
+    shifted = table.perm[positions - table.start]
+    block = np.searchsorted(table.block_offset, shifted, side="right") - 1
+    return table.block_first[block] + (shifted - table.block_offset[block])

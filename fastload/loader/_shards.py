@@ -31,7 +31,7 @@ from fastload.formats import DAMAGED_SHARD_REMEDY, Format, OnError, get_format
 from fastload.formats._base import ErrorPolicy
 from fastload.formats.manifest import Manifest
 from fastload.loader._collate import ToTuple, Transform
-from fastload.loader._order import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW, EpochOrder
+from fastload.loader._order import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW, ORDER_VERSION, EpochOrder
 from fastload.loader._readers import ReaderCache, ReaderSlot, close_quietly
 from fastload.loader._seeds import RNG_SEED_KEY, check_seed
 from fastload.storage import Store
@@ -258,6 +258,7 @@ class ShardedDataset:
     def order_options(self) -> dict[str, Any]:
         """The options that define the epoch order (they go into loader state dicts)."""
         return {
+            "order_version": ORDER_VERSION,
             "shuffle": self.shuffle,
             "seed": self.seed,
             "block_size": self.block_size,

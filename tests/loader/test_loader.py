@@ -14,6 +14,7 @@ import torch
 
 import fastload.loader as fl
 from fastload.errors import InvalidArgumentError, WorkerError
+from fastload.loader._order import ORDER_VERSION
 
 
 def keys_of(batches: list[Any]) -> list[str]:
@@ -445,3 +446,20 @@ def test_corrupt_webdataset_sample_skip_and_raise(fake: SimpleNamespace, tmp_pat
     ds = fl.open_dataset(root, decode="rgb8", fields=("__key__", "cls"), shuffle=False)
     with pytest.raises(WorkerError, match=r"(?s)position 2 of shard \S*train-000000\.tar.*Corrupt"):
         list(fl.DataLoader(ds, batch_size=3, num_workers=1))
+
+
+def test_load_state_dict_checks_the_order_version(fake: SimpleNamespace) -> None:
+    small = fake.make_dataset([10], seed=1)
+    state = fl.DataLoader(small, batch_size=2).state_dict()
+    assert state["order_version"] == ORDER_VERSION
+    before_versions = {k: v for k, v in state.items() if k != "order_version"}
+    fl.DataLoader(small, batch_size=2).load_state_dict(
+        before_versions
+    )  # same order up to 4,096 blocks
+    with pytest.raises(InvalidArgumentError, match="order version 3"):
+        fl.DataLoader(small, batch_size=2).load_state_dict({**state, "order_version": 3})
+    large = fake.make_dataset([4097], seed=1, block_size=1)
+    saved = fl.DataLoader(large, batch_size=2).state_dict()
+    del saved["order_version"]
+    with pytest.raises(InvalidArgumentError, match=r"order version 1\b.*set_epoch\(1\)"):
+        fl.DataLoader(large, batch_size=2).load_state_dict(saved)
