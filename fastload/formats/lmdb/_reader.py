@@ -26,7 +26,7 @@ from fastload.formats.lmdb._layout import (
 )
 from fastload.formats.lmdb._pagemap import GOOD, OpenedFile, PageMap
 from fastload.formats.lmdb._pages import P_INVALID, FileBytes, PageError, read_meta
-from fastload.storage import Store
+from fastload.storage import CachingStore, Store
 
 __all__ = ["LMDBReader"]
 
@@ -68,10 +68,13 @@ class LMDBReader(ShardReader):
     once, streamed, to a temporary file that :meth:`close` removes.
 
     The environment is opened lazily, read-only and without a lock file, and shared by all readers
-    of the same file in a process (LMDB allows one open per file and process). A reader used in a
-    parent and then in a forked child reopens the file in the child; iterators started before the
-    fork must not be continued in the child. Pickling carries the store, key and options, never the
-    open environment. Each thread gets its own read transaction, so one reader may be shared by
+    of the same file in a process (LMDB allows one open per file and process); after the last of
+    them closes it stays open, checked, for the next reader of the file, within the process's
+    budget of open environments (see :mod:`~fastload.formats.lmdb._envs`; not for a downloaded
+    copy or a :class:`~fastload.storage.CachingStore`'s file, which may go away). A reader used
+    in a parent and then in a forked child reopens the file in the child; iterators started
+    before the fork must not be continued in the child. Pickling carries the store, key and
+    options, never the open environment. Each thread gets its own read transaction, so one reader may be shared by
     threads; a transaction in which LMDB reported an error is ended and the next read begins a
     new one.
 
@@ -122,7 +125,7 @@ class LMDBReader(ShardReader):
         super().__init__(store, key, **options)
         self.readahead = readahead
         self._entry: SharedEnv | None = None
-        self._release: weakref.finalize[[SharedEnv], None] | None = None
+        self._release: weakref.finalize[[SharedEnv, bool], None] | None = None
         self._path: str | None = None
         self._download: tuple[str, int] | None = None  # (temporary path, owning pid)
         self._lock = threading.Lock()
@@ -169,7 +172,16 @@ class LMDBReader(ShardReader):
                 if entry is None or entry.pid != os.getpid() or entry.closed:
                     entry = acquire(self._local_file(), opener=self._open_file)
                     self._entry = entry
-                    self._release = weakref.finalize(self, release, entry)  # type: ignore[arg-type]
+                    # No idle environment of a file that goes away: a downloaded copy is
+                    # removed on close, and a cache may evict its file at any time (an idle
+                    # environment would keep the evicted file's disk space).
+                    keep = self._download is None and not isinstance(self.store, CachingStore)
+                    self._release = weakref.finalize(
+                        self,  # type: ignore[arg-type]
+                        release,
+                        entry,
+                        keep,
+                    )
         opened: OpenedFile = entry.info
         return entry, opened
 

@@ -1,0 +1,170 @@
+"""Reopening shards is cheap and bounded: an LMDB shard is opened and checked once per process,
+however many more shards an epoch reads than ``max_open_shards`` keeps open (issue 17, item 2)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import fastload as fl
+from fastload.errors import CorruptDataError
+from fastload.formats.lmdb import _envs
+from fastload.formats.lmdb._reader import LMDBReader
+from fastload.storage import LocalStore
+
+SHARDS = 24
+PER_SHARD = 8
+
+
+def _age(root: Path) -> None:
+    """Date the shards an hour back, so that their environments may be kept (``STABLE_AGE_NS``)."""
+    old = time.time() - 3600
+    for path in root.glob("*.lmdb"):
+        os.utime(path, (old, old))
+
+
+def _lmdb_fds() -> int:
+    """Descriptors of this process open on LMDB shard files."""
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            continue
+    return sum(1 for link in links if link.endswith(".lmdb"))
+
+
+@pytest.fixture
+def closed_envs() -> Iterator[None]:
+    """No environment open before or after the test (other tests' idle ones would count)."""
+    _close_idle()
+    yield
+    _close_idle()
+
+
+def _close_idle() -> None:
+    with _envs._LOCK:
+        for entry in list(_envs._IDLE.values()):
+            _envs._forget(entry)
+
+
+@pytest.fixture
+def dataset_root(fake: SimpleNamespace, tmp_path: Path) -> Path:
+    root = tmp_path / "ds"
+    fake.build_format_dataset(str(root), [PER_SHARD] * SHARDS, "lmdb")
+    _age(root)
+    return root
+
+
+@pytest.mark.timeout(120)
+def test_epoch_opens_each_shard_once_per_process(dataset_root: Path, closed_envs: None) -> None:
+    """The shuffle reads from all 24 shards in every few batches, through an LRU of 2 readers:
+    every reader is closed and made again many times, each file is opened and checked once."""
+    ds = fl.open_dataset(str(dataset_root), fields=("__key__",), block_size=2, max_open_shards=2)
+    made = LMDBReader.__init__
+    readers = 0
+
+    def counted(self: LMDBReader, *args: object, **kwargs: object) -> None:
+        nonlocal readers
+        readers += 1
+        made(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    before = _envs.open_count()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(LMDBReader, "__init__", counted)
+        for epoch in range(2):
+            loader = fl.DataLoader(ds, batch_size=4)
+            loader.set_epoch(epoch)
+            assert sum(len(b[0]) for b in loader) == SHARDS * PER_SHARD
+    assert readers > 2 * SHARDS  # the LRU did close and remake readers
+    assert _envs.open_count() - before == SHARDS
+
+
+@pytest.mark.timeout(120)
+def test_open_files_stay_within_the_budget(
+    dataset_root: Path, closed_envs: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a budget of 4 environments the process never holds more than 4 shards' descriptors
+    (2 each) beyond the readers' own 2, and opens shards again once they were trimmed."""
+    monkeypatch.setattr(_envs, "budget", _envs.EnvBudget(environments=4, mapped_bytes=1 << 40))
+    ds = fl.open_dataset(str(dataset_root), fields=("__key__",), block_size=2, max_open_shards=2)
+    before, peak = _envs.open_count(), 0
+    for batch in fl.DataLoader(ds, batch_size=4):
+        assert batch
+        peak = max(peak, _lmdb_fds())
+        assert len(_envs._TABLE) <= 4
+    assert 0 < peak <= 2 * 4
+    assert _envs.open_count() - before > SHARDS  # trimmed environments are opened again
+    ds.close()
+
+
+@pytest.mark.timeout(60)
+def test_mapped_bytes_budget_closes_idle_environments(
+    dataset_root: Path, closed_envs: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one = (dataset_root / "train-000000.lmdb").stat().st_size
+    # Environments still in use elsewhere in this process (readers other tests have not closed
+    # yet) count against the budget too; give this test three shards' worth on top of them.
+    base = _envs._mapped
+    budget = _envs.EnvBudget(environments=100, mapped_bytes=base + 3 * one)
+    monkeypatch.setattr(_envs, "budget", budget)
+    store = LocalStore(str(dataset_root))
+    for s in range(6):
+        reader = LMDBReader(store, f"train-{s:06d}.lmdb")
+        assert len(reader) == PER_SHARD
+        reader.close()
+    assert len(_envs._IDLE) == 3
+    assert _envs._mapped <= base + 3 * one
+
+
+@pytest.mark.timeout(60)
+def test_damage_after_close_is_found(dataset_root: Path, closed_envs: None) -> None:
+    """An idle environment is not taken over once its file changed: the new bytes are checked."""
+    path = dataset_root / "train-000003.lmdb"
+    store = LocalStore(str(dataset_root))
+    reader = LMDBReader(store, path.name)
+    assert reader.read(0)["__key__"]
+    reader.close()
+    assert len(_envs._IDLE) == 1
+    stat = path.stat()
+    with path.open("r+b") as f:  # both meta pages zeroed, in place: same inode, same size
+        f.write(bytes(2 * 4096))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    for _ in range(2):  # a failed check is not kept either: the second open checks again
+        with pytest.raises(CorruptDataError, match="damaged"):
+            LMDBReader(store, path.name).read(0)
+    assert all(entry.path != str(path) for entry in _envs._TABLE.values())
+
+
+@pytest.mark.timeout(60)
+def test_recently_written_file_is_checked_again(dataset_root: Path, closed_envs: None) -> None:
+    """A file modified less than ``STABLE_AGE_NS`` before it was opened could change again
+    without its timestamp moving: its idle environment is not taken over."""
+    path = dataset_root / "train-000005.lmdb"
+    os.utime(path)  # just now
+    store = LocalStore(str(dataset_root))
+    before = _envs.open_count()
+    for _ in range(2):
+        reader = LMDBReader(store, path.name)
+        assert len(reader) == PER_SHARD
+        reader.close()
+    assert _envs.open_count() - before == 2
+
+
+@pytest.mark.timeout(60)
+def test_removed_file_is_not_held(dataset_root: Path, closed_envs: None, tmp_path: Path) -> None:
+    """An idle environment of a file removed since (a cache's eviction) is closed at the next
+    opening, so the process does not keep the removed file's disk space."""
+    store = LocalStore(str(dataset_root))
+    gone = dataset_root / "train-000001.lmdb"
+    reader = LMDBReader(store, gone.name)
+    assert len(reader) == PER_SHARD
+    reader.close()
+    gone.unlink()
+    assert len(LMDBReader(store, "train-000002.lmdb")) == PER_SHARD
+    assert all(entry.path != str(gone) for entry in _envs._TABLE.values())
