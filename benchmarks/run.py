@@ -73,6 +73,7 @@ BENCHES: tuple[Bench, ...] = (
         needs=("radosgw", "ceph-mon", "ceph-osd"),
     ),
     Bench("soak", needs=("radosgw", "ceph-mon", "ceph-osd")),
+    Bench("scale"),
 )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -66,15 +67,19 @@ def add_inspect(sub: Any) -> None:
 def _run_inspect(args: argparse.Namespace) -> int:
     from fastload.convert import inspect_dataset
     from fastload.convert._progress import format_bytes
+    from fastload.convert.tools import write_inspect_json
 
+    if args.json:  # streamed: the shard list is 22 MB of JSON at 100,000 shards
+        write_inspect_json(
+            args.url, sys.stdout, samples=args.samples, store_options=url_store_options(args)
+        )
+        out()
+        return EXIT_OK
     info = inspect_dataset(
         args.url,
         samples=args.samples,
         store_options=url_store_options(args),
     )
-    if args.json:
-        out(json.dumps(info, indent=2, sort_keys=True, ensure_ascii=False))
-        return EXIT_OK
     out(f"dataset   {info['url']}")
     out(f"format    {info['format']} (manifest v{info['manifest_version']})")
     out(f"samples   {info['num_samples']}")
@@ -124,6 +129,12 @@ def add_verify(sub: Any) -> None:
     p = _url_command(sub, "verify", _run_verify)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-index", action="store_true", help="do not check index files")
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        default=None,
+        help="processes checking shards at once (default: all cores, 1 for a small dataset)",
+    )
     add_store_options(p)
 
 
@@ -135,6 +146,7 @@ def _run_verify(args: argparse.Namespace) -> int:
         check_index=not args.no_index,
         store_options=url_store_options(args),
         progress=shard_progress("verify"),
+        workers=args.workers,
     )
     if args.json:
         out(json.dumps(report.to_json(), indent=2, sort_keys=True))

@@ -1,9 +1,12 @@
-"""``fastload inspect``, ``verify`` and ``index`` on our datasets and on third-party shards."""
+"""``fastload inspect``, ``verify`` and ``index`` on our datasets and on third-party shards; on many
+shards, parallel ``verify`` reports what a sequential one does and ``inspect --json`` streams."""
 
 from __future__ import annotations
 
 import importlib
+import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,12 +29,24 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120)
 
 
-@pytest.fixture
-def dataset(tmp_path: Path, image_folder: Any, real_fmt: str) -> Path:
+def _converted(tmp_path: Path, image_folder: Any, fmt: str, shard_samples: int) -> Path:
+    """The 21-image folder converted to ``fmt`` in shards of ``shard_samples``."""
     root, _ = image_folder
     dst = tmp_path / "ds"
-    fc.convert(root, dst, format=real_fmt, shard_samples=8, workers=1, quiet=True)
+    fc.convert(root, dst, format=fmt, shard_samples=shard_samples, workers=1, quiet=True)
     return dst
+
+
+@pytest.fixture
+def dataset(tmp_path: Path, image_folder: Any, real_fmt: str) -> Path:
+    """21 samples in 3 shards."""
+    return _converted(tmp_path, image_folder, real_fmt, 8)
+
+
+@pytest.fixture
+def many_shards(tmp_path: Path, image_folder: Any, real_fmt: str) -> Path:
+    """21 samples in 11 shards of 2 (the last of 1): enough for several verify workers."""
+    return _converted(tmp_path, image_folder, real_fmt, 2)
 
 
 def test_inspect_table_and_json(dataset: Path, real_fmt: str) -> None:
@@ -309,3 +324,72 @@ def test_verify_and_index_report_progress_per_shard(dataset: Path) -> None:
     calls.clear()
     fc.index_dataset(dataset, progress=lambda *a: calls.append(a))
     assert [c[0] for c in calls] == list(range(1, n + 1))
+
+
+# ---- many shards: parallel verify, streamed inspect --json ---------------------------------------
+
+
+def _damage(dataset: Path) -> None:
+    """Damage four shards in four ways: missing, a flipped byte, truncated, a wrong index."""
+    shards = read_manifest(open_store(dataset)).shards
+    (dataset / shards[1].name).unlink()
+    for victim, cut in ((shards[4], False), (shards[7], True)):
+        path = dataset / victim.name
+        data = bytearray(path.read_bytes())
+        if cut:
+            del data[len(data) // 2 :]
+        else:
+            data[len(data) // 3] ^= 0x01
+        path.write_bytes(bytes(data))
+    if shards[9].index:
+        idx = dataset / shards[9].index
+        idx.write_bytes(idx.read_bytes() + b"0 0\n")
+
+
+def test_parallel_verify_reports_what_sequential_does(many_shards: Path) -> None:
+    _damage(many_shards)
+    sequential = fc.verify_dataset(many_shards, workers=1)
+    assert len(sequential.problems) >= 3
+    calls: list[tuple[int, int, int]] = []
+    for workers in (2, 4):
+        calls.clear()
+        parallel = fc.verify_dataset(
+            many_shards, workers=workers, progress=lambda *a: calls.append(a)
+        )
+        assert parallel.to_json() == sequential.to_json()
+        shards = read_manifest(open_store(many_shards)).shards
+        assert calls == [(i + 1, len(shards), s.num_bytes) for i, s in enumerate(shards)]
+    # problems come in shard order: the first damage reported is the first damaged shard's
+    named = [int(m.group(1)) for p in sequential.problems if (m := re.search(r"-(\d{6})\.", p))]
+    assert named == sorted(named)
+    assert named[0] == 1
+
+
+def test_verify_cli_workers(many_shards: Path) -> None:
+    _damage(many_shards)
+    one, three = (_cli("verify", str(many_shards), "--workers", n) for n in ("1", "3"))
+    assert one.returncode == three.returncode == 1
+    assert one.stdout == three.stdout
+    assert one.stdout.count("PROBLEM ") >= 3
+
+
+def test_verify_refuses_zero_workers(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="workers must be an int >= 1, got 0"):
+        fc.verify_dataset(tmp_path, workers=0)
+    proc = _cli("verify", str(tmp_path), "--workers", "0")
+    assert proc.returncode == 2
+    assert "--workers: must be at least 1, got 0" in proc.stderr
+
+
+def test_inspect_json_streams_the_whole_document(many_shards: Path) -> None:
+    expected = fc.inspect_dataset(many_shards, samples=2)
+    out = io.StringIO()
+    fc.tools.write_inspect_json(many_shards, out, samples=2)
+    assert out.getvalue() == json.dumps(expected, indent=2, sort_keys=True, ensure_ascii=False)
+    proc = _cli("inspect", str(many_shards), "--json")
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    names = [s.name for s in read_manifest(open_store(many_shards)).shards]
+    assert [s["name"] for s in info["shards"]] == names
+    assert info["num_shards"] == len(names) == 11
+    assert len(info["samples"]) == 3

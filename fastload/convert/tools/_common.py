@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fastload.storage import Store, open_store
@@ -61,10 +61,26 @@ class Grouping:
         self.field_sets: Counter[tuple[str, ...]] = Counter()
 
     def add(self, shard_url: str, position: int, sample: Mapping[str, Any]) -> None:
+        """Note sample number ``position`` of the shard at ``shard_url``."""
         key = sample.get("__key__")
         self.field_sets[tuple(sorted(k for k in sample if not k.startswith("__")))] += 1
-        if not isinstance(key, str):
-            return
+        if isinstance(key, str):
+            self._see(key, shard_url, position)
+
+    def add_shard(
+        self,
+        shard_url: str,
+        keys: Sequence[str | None],
+        field_sets: Mapping[tuple[str, ...], int],
+    ) -> None:
+        """Note a whole shard at once: its samples' keys in order (``None``: no string key) and
+        how many samples have each sorted field set; the same as :meth:`add` for each sample."""
+        self.field_sets.update(field_sets)
+        for position, key in enumerate(keys):
+            if key is not None:
+                self._see(key, shard_url, position)
+
+    def _see(self, key: str, shard_url: str, position: int) -> None:
         seen = self.first.setdefault(key, (shard_url, position))
         if seen != (shard_url, position):
             self.repeats += 1

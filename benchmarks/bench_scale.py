@@ -1,0 +1,336 @@
+"""The growth study of issue 17: how each cost grows with the dataset, fitted as log-log slopes.
+
+Five series, each at two or three sizes, every measurement in a fresh child process
+(:func:`benchmarks._harness.run_child`), through the public API only, so that the same script
+measures the code as it is changed:
+
+1. ``convert-dry-run``: ``fastload convert --dry-run`` of a JSONL file of N small records (the
+   CLI in a grandchild; its peak RSS from ``getrusage(RUSAGE_CHILDREN)``) and its wall time;
+2. ``epoch``: samples/s of a shuffled epoch (``open_dataset`` + ``DataLoader``, batch 256, 2
+   workers; at most 200,000 samples timed) over LMDB datasets of ~16-byte samples in shards of
+   a fixed sample count, so that the shard count grows with N;
+3. ``state-dict``: ``DataLoader.state_dict()`` time against the shard count, on a synthetic
+   manifest listing N tiny shards (``state_dict`` reads no shard): the median of the calls after
+   the first, the first call, and ``load_state_dict`` on a fresh loader (its first call);
+4. ``epoch-order``: ``EpochOrder`` construction time and ``tracemalloc`` peak against the
+   samples (shards of 100,000);
+5. ``verify``: ``verify_dataset`` samples/s against the shard count (WebDataset shards of 10
+   samples; default workers).
+
+For each series the table gives the figure at each size and the slope ``k`` between consecutive
+sizes, ``log(f2 / f1) / log(n2 / n1)``: 0 is flat, 1 linear in the size (for a rate, -1 means
+the rate halves when the size doubles). The datasets are built once under
+``$FASTLOAD_BENCH_ROOT/scale`` (default ``/tmp/fastload-bench/scale``) and reused.
+
+Run: ``python -m benchmarks.bench_scale [--quick] [--only SERIES,...] [--json PATH]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks._harness import REPO, Table, emit_result, run_child, time_batches
+from benchmarks.corpus import DEFAULT_ROOT
+
+ROOT = Path(DEFAULT_ROOT) / "scale"
+#: Samples per shard of the ``epoch`` datasets (``--quick``: 10,000).
+EPOCH_SHARD = 100_000
+#: Samples timed in each ``epoch`` run, at most (after the harness's warm-up batches;
+#: ``--quick``: 50,000).
+EPOCH_SAMPLES = 200_000
+#: Samples per shard of the ``verify`` datasets.
+VERIFY_SHARD = 10
+#: ``state_dict()`` calls timed per run (the median is reported).
+STATE_DICT_CALLS = 21
+#: Seconds before a child is killed.
+CHILD_TIMEOUT = 900
+
+
+@dataclass(frozen=True)
+class Series:
+    """One growth series: its sizes, what one child measures, and how the figures read."""
+
+    name: str
+    what: str  # the size's unit, e.g. "records"
+    sizes: tuple[int, ...]
+    quick: tuple[int, ...]
+    figures: tuple[tuple[str, str], ...]  # (result key, column title)
+
+
+SERIES = (
+    Series(
+        "convert-dry-run",
+        "records",
+        (10**4, 10**5, 10**6),
+        (10**4, 10**5),
+        (("peak_rss_mb", "peak RSS MB"), ("seconds", "wall s")),
+    ),
+    Series(
+        "epoch",
+        "samples",
+        (10**6, 10**7),
+        (10**5, 10**6),
+        (("samples_per_s", "samples/s"), ("shards", "shards")),
+    ),
+    Series(
+        "state-dict",
+        "shards",
+        (10, 10**3, 10**5),
+        (10, 10**3, 10**4),
+        (("ms", "ms/call"), ("first_ms", "1st call ms"), ("load_ms", "load ms")),
+    ),
+    Series(
+        "epoch-order",
+        "samples",
+        (10**6, 10**7, 10**8),
+        (10**6, 10**7),
+        (("seconds", "build s"), ("peak_mb", "peak MB"), ("kept_mb", "kept MB")),
+    ),
+    Series(
+        "verify",
+        "shards",
+        (10**3, 10**4),
+        (10**2, 10**3),
+        (("samples_per_s", "samples/s"),),
+    ),
+)
+
+
+# ---- datasets (built once, reused) --------------------------------------------------------------
+
+
+def _jsonl(path: Path, n: int, text: Callable[[int], str]) -> Path:
+    """A JSONL file of ``n`` records ``{"cls": i % 10, "txt": text(i)}``, written once."""
+    if not path.exists():
+        tmp = path.with_suffix(".tmp")
+        with tmp.open("w") as f:
+            for i in range(n):
+                f.write(json.dumps({"cls": i % 10, "txt": text(i)}) + "\n")
+        tmp.rename(path)
+    return path
+
+
+def _converted(name: str, src: Path, *, fmt: str, shard_samples: int) -> Path:
+    """``src`` converted once to ``ROOT/name`` (the manifest's presence marks it complete)."""
+    dst = ROOT / name
+    if not (dst / "fastload.json").exists():
+        cli = [sys.executable, "-m", "fastload.cli", "convert", str(src), str(dst)]
+        options = ["--format", fmt, "--shard-samples", str(shard_samples), "--workers", "2"]
+        subprocess.run(
+            [*cli, *options, "--quiet", "--overwrite"],
+            cwd=REPO,
+            check=True,
+        )
+    return dst
+
+
+def _sixteen(i: int) -> str:
+    return f"{i:016d}"
+
+
+def prepare(series: Series, n: int, quick: bool) -> list[str]:
+    """The child's arguments for size ``n`` of ``series``, building its input when needed."""
+    ROOT.mkdir(parents=True, exist_ok=True)
+    if series.name == "convert-dry-run":
+        return [str(_jsonl(ROOT / f"records-{n}.jsonl", n, lambda i: f"record number {i}"))]
+    if series.name == "epoch":
+        shard, timed = (10_000, 50_000) if quick else (EPOCH_SHARD, EPOCH_SAMPLES)
+        src = _jsonl(ROOT / f"sixteen-{n}.jsonl", n, _sixteen)
+        root = _converted(f"epoch-lmdb-{n}-{shard}", src, fmt="lmdb", shard_samples=shard)
+        return [str(root), str(min(n, timed))]
+    if series.name == "verify":
+        src = _jsonl(ROOT / f"sixteen-{n * VERIFY_SHARD}.jsonl", n * VERIFY_SHARD, _sixteen)
+        name = f"verify-wds-{n}x{VERIFY_SHARD}"
+        return [str(_converted(name, src, fmt="webdataset", shard_samples=VERIFY_SHARD))]
+    return []
+
+
+# ---- children: one measurement each ----------------------------------------------------------------
+
+
+def child_convert_dry_run(n: int, src: str) -> dict[str, Any]:
+    out = ROOT / f"dry-run-out-{os.getpid()}"
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "fastload.cli", "convert", src, str(out), "--dry-run", "--quiet"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        return {"error": f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}"}
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
+    return {"peak_rss_mb": peak_kib * 1024 / 1e6, "seconds": seconds}
+
+
+def child_epoch(n: int, root: str, timed: str) -> dict[str, Any]:
+    from fastload import DataLoader, open_dataset
+    from fastload.formats import read_manifest
+    from fastload.storage import open_store
+
+    shards = len(read_manifest(open_store(root)).shards)
+    loader = DataLoader(open_dataset(root, shuffle=True), batch_size=256, num_workers=2)
+    result = time_batches(loader, int(timed))
+    return {"samples_per_s": result["samples"] / result["seconds"], "shards": shards, **result}
+
+
+def child_state_dict(n: int) -> dict[str, Any]:
+    import statistics
+    import tempfile
+
+    from fastload import DataLoader, open_dataset
+    from fastload.formats import Manifest, ShardEntry, write_manifest
+    from fastload.storage import open_store
+
+    with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
+        shards = [ShardEntry(f"shard-{i:08d}.tar", 1, 1024, f"{i:064x}", None) for i in range(n)]
+        write_manifest(open_store(tmp), Manifest(format="webdataset", shards=shards))
+        loader = DataLoader(open_dataset(tmp, shuffle=True), batch_size=256)
+        times = []
+        for _ in range(STATE_DICT_CALLS):
+            t0 = time.perf_counter()
+            state = loader.state_dict()
+            times.append(time.perf_counter() - t0)
+        loads = []
+        for _ in range(STATE_DICT_CALLS):
+            fresh = DataLoader(open_dataset(tmp, shuffle=True), batch_size=256)
+            t0 = time.perf_counter()
+            fresh.load_state_dict(state)
+            loads.append(time.perf_counter() - t0)
+    return {
+        "ms": statistics.median(times[1:]) * 1e3,
+        "first_ms": times[0] * 1e3,
+        "load_ms": statistics.median(loads) * 1e3,
+    }
+
+
+def child_epoch_order(n: int) -> dict[str, Any]:
+    from fastload.loader import EpochOrder
+
+    shard = 100_000
+    sizes = [shard] * (n // shard) + ([n % shard] if n % shard else [])
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    order = EpochOrder(sizes, seed=0, epoch=0)
+    seconds = time.perf_counter() - t0
+    kept, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    if len(order) != n:
+        return {"error": f"EpochOrder has {len(order)} positions, expected {n}"}
+    return {"seconds": seconds, "peak_mb": peak / 1e6, "kept_mb": kept / 1e6}
+
+
+def child_verify(n: int, root: str) -> dict[str, Any]:
+    from fastload.convert import verify_dataset
+
+    t0 = time.perf_counter()
+    report = verify_dataset(root)
+    seconds = time.perf_counter() - t0
+    if not report.ok:
+        return {"error": f"verify found problems: {report.problems[:1]}"}
+    return {"samples_per_s": report.samples_read / seconds, "seconds": seconds}
+
+
+CHILDREN: dict[str, Callable[..., dict[str, Any]]] = {
+    "convert-dry-run": child_convert_dry_run,
+    "epoch": child_epoch,
+    "state-dict": child_state_dict,
+    "epoch-order": child_epoch_order,
+    "verify": child_verify,
+}
+
+
+# ---- the parent -------------------------------------------------------------------------------------
+
+
+def slope(n1: int, f1: float, n2: int, f2: float) -> float | None:
+    """The log-log slope between ``(n1, f1)`` and ``(n2, f2)``; ``None`` where a figure is 0."""
+    if f1 <= 0 or f2 <= 0:
+        return None
+    return math.log(f2 / f1) / math.log(n2 / n1)
+
+
+def run_series(series: Series, quick: bool) -> dict[str, Any]:
+    """Measure ``series`` at each size (in a fresh child each) and print its table."""
+    sizes = series.quick if quick else series.sizes
+    print(f"== {series.name}: {series.what} {', '.join(f'{n:,}' for n in sizes)} ==", flush=True)
+    rows: list[dict[str, Any]] = []
+    for n in sizes:
+        try:
+            args = prepare(series, n, quick)
+        except subprocess.CalledProcessError as exc:
+            rows.append({"size": n, "error": f"building the input failed: {exc}"})
+            continue
+        cmd = [sys.executable, "-m", "benchmarks.bench_scale", "--child", series.name, str(n)]
+        rows.append({"size": n, **run_child(cmd + args, timeout=CHILD_TIMEOUT)})
+    table = Table((series.what, 12), *((title, 12) for _, title in series.figures), ("k", 14))
+    print(table.header())
+    slopes: list[dict[str, Any]] = []
+    previous: dict[str, Any] | None = None
+    for row in rows:
+        if "error" in row:
+            print(table.error(f"{row['size']:,}", row["error"]))
+            previous = None
+            continue
+        cells = [_fmt(row[key]) for key, _ in series.figures]
+        k = ""
+        if previous is not None:
+            first = series.figures[0][0]
+            ks = slope(previous["size"], previous[first], row["size"], row[first])
+            slopes.append({"from": previous["size"], "to": row["size"], first: ks})
+            k = "-" if ks is None else f"{ks:+.2f}"
+        print(table.row(f"{row['size']:,}", *cells, k), flush=True)
+        previous = row
+    print()
+    return {"what": series.what, "rows": rows, "slopes": slopes}
+
+
+def _fmt(value: float) -> str:
+    if value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="the smallest sizes only")
+    parser.add_argument("--only", help="comma-separated series (default: all)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        name, n, *rest = args.child
+        emit_result(CHILDREN[name](int(n), *rest))
+        return 0
+    names = {s.name for s in SERIES}
+    only = set(args.only.split(",")) if args.only else names
+    if only - names:
+        parser.error(f"unknown series {sorted(only - names)}; known: {sorted(names)}")
+    print(
+        f"bench_scale{' --quick' if args.quick else ''}: {os.cpu_count()} CPUs, "
+        f"load {os.getloadavg()[0]:.1f}; k = log-log slope of the first figure between sizes",
+        flush=True,
+    )
+    results = {s.name: run_series(s, args.quick) for s in SERIES if s.name in only}
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    failed = any("error" in row for r in results.values() for row in r["rows"])
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
