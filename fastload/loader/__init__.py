@@ -11,14 +11,16 @@ The order of an epoch is a pure function of (seed, epoch) (:class:`EpochOrder`);
 into global steps, rank batches and worker tasks is pure arithmetic (:class:`Partition`).
 """
 
-from fastload.loader._collate import PackedBytes, ToTuple, default_collate, pack_bytes, to_tuple
+from fastload.loader._collate import default_collate
 from fastload.loader._cursor import STATE_VERSION
 from fastload.loader._dataset import Dataset
 from fastload.loader._dist import detect_rank_world
 from fastload.loader._loader import DataLoader
 from fastload.loader._open import open_dataset
 from fastload.loader._order import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW, EpochOrder
+from fastload.loader._packed import PackedBytes, pack_bytes
 from fastload.loader._partition import Partition
+from fastload.loader._select import ToTuple, to_tuple
 from fastload.loader._stream import BatchMeta, BatchStream
 
 __all__ = [

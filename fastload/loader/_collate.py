@@ -6,9 +6,6 @@ workers its buffers come from the reusable shared-memory pool of :mod:`fastload.
 (the module docstring there explains the reuse). :class:`BufferReleaser` is the main-process side
 of that pool; it lives here because it walks collated batches (tensors and ``PackedBytes`` inside
 tuples, lists and dicts), as :func:`empty_like_batch` does.
-
-The pool, ``PackedBytes`` and ``to_tuple`` are re-exported here for the modules that import them
-from this one.
 """
 
 from __future__ import annotations
@@ -23,29 +20,10 @@ import torch
 from torch.utils.data import default_collate as _torch_default_collate
 
 from fastload.errors import InvalidArgumentError
-from fastload.loader._packed import BytesLike, PackedBytes, pack_bytes
-from fastload.loader._select import ToTuple, Transform, to_tuple
-from fastload.loader._shm_pool import (
-    POOL_MIN_BYTES,
-    BufferPool,
-    alloc_uint8,
-    pooling,
-    set_buffer_pool,
-)
+from fastload.loader._packed import BytesLike, PackedBytes
+from fastload.loader._shm_pool import POOL_MIN_BYTES, alloc_uint8, pooling
 
-__all__ = [
-    "POOL_MIN_BYTES",
-    "BufferPool",
-    "BufferReleaser",
-    "PackedBytes",
-    "ToTuple",
-    "Transform",
-    "default_collate",
-    "empty_like_batch",
-    "pack_bytes",
-    "set_buffer_pool",
-    "to_tuple",
-]
+__all__ = ["BufferReleaser", "default_collate", "empty_like_batch"]
 
 
 def _stack(samples: Sequence[torch.Tensor]) -> torch.Tensor:

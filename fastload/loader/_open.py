@@ -8,9 +8,9 @@ from typing import Any, Literal
 
 from fastload.errors import InvalidArgumentError
 from fastload.formats import MANIFEST_NAME, read_manifest
-from fastload.loader._collate import Transform
 from fastload.loader._dataset import Dataset
 from fastload.loader._order import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW
+from fastload.loader._select import Transform
 from fastload.loader._shards import DEFAULT_PREFETCH_SHARDS
 from fastload.loader._wds import is_shard_pattern, open_shard_urls
 from fastload.storage import CachingStore, Store, open_store, wrap_store

@@ -30,10 +30,10 @@ from fastload.errors import (
 from fastload.formats import DAMAGED_SHARD_REMEDY, Format, OnError, get_format
 from fastload.formats._base import ErrorPolicy
 from fastload.formats.manifest import Manifest
-from fastload.loader._collate import ToTuple, Transform
 from fastload.loader._order import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW, ORDER_VERSION, EpochOrder
 from fastload.loader._readers import ReaderCache, ReaderSlot, close_quietly
 from fastload.loader._seeds import RNG_SEED_KEY, check_seed
+from fastload.loader._select import ToTuple, Transform
 from fastload.storage import Store
 
 __all__ = ["DEFAULT_PREFETCH_SHARDS", "NOT_DATA_ERRORS", "ShardedDataset", "sample_nbytes"]

@@ -51,12 +51,7 @@ import torch.utils.data
 
 from fastload._units import check_int
 from fastload.errors import FastloadError, FormatError, InvalidArgumentError, WorkerError
-from fastload.loader._collate import (
-    BufferPool,
-    default_collate,
-    empty_like_batch,
-    set_buffer_pool,
-)
+from fastload.loader._collate import default_collate, empty_like_batch
 from fastload.loader._dist import detect_rank_world
 from fastload.loader._lookahead import ShardLookahead
 from fastload.loader._order import EpochOrder
@@ -71,6 +66,7 @@ from fastload.loader._reads import (
 )
 from fastload.loader._seeds import RNG_SEED_KEY, check_seed, seed_global_rngs
 from fastload.loader._shards import NOT_DATA_ERRORS, ShardedDataset, sample_nbytes
+from fastload.loader._shm_pool import BufferPool, set_buffer_pool
 from fastload.storage import CachingStore
 
 __all__ = [
