@@ -98,7 +98,7 @@ class BatchMeta:
         skipped: Samples dropped as corrupt or undecodable.
         nbytes: Bytes of the raw fields read for the batch.
         pooled: ``(inode, block, token)`` of the worker's reusable shared-memory blocks that the
-            batch uses (see :class:`~fastload.loader._collate.BufferPool`); empty without reuse.
+            batch uses (see :class:`~fastload.loader._shm_pool.BufferPool`); empty without reuse.
     """
 
     step: int
@@ -190,7 +190,7 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
 
     def enable_buffer_reuse(self, num_workers: int, blocks: int) -> torch.Tensor:
         """Let each worker collate into up to ``blocks`` reusable shared-memory blocks (see
-        :mod:`fastload.loader._collate`). Call before the workers start; the returned table is
+        :mod:`fastload.loader._shm_pool`). Call before the workers start; the returned table is
         what the consumer's :class:`~fastload.loader._collate.BufferReleaser` frees blocks in.
         Only for consumers that release blocks (``fastload.DataLoader`` without pinning):
         otherwise every block stays marked in use and collation falls back to fresh memory."""
