@@ -34,6 +34,7 @@ from fastload.loader._order import ORDER_VERSION, computes_order_version
 from fastload.loader._partition import Partition
 from fastload.loader._seeds import check_seed
 from fastload.loader._stats import LoaderStats
+from fastload.storage import CachingStore
 
 __all__ = ["STATE_VERSION", "EpochCursor", "check_pending_resume", "parse_state_position"]
 
@@ -286,7 +287,12 @@ class EpochCursor:
         """The ``stats()`` dictionary (keys: :meth:`~fastload.loader._stats.LoaderStats.report`);
         ``dropped_per_epoch`` defaults to the partition's."""
         dropped = self.partition.dropped if dropped_per_epoch is None else dropped_per_epoch
-        return self.stats.report(dropped_per_epoch=dropped, epoch=self.epoch, step=self.step)
+        out = self.stats.report(dropped_per_epoch=dropped, epoch=self.epoch, step=self.step)
+        store = self.dataset.store
+        if isinstance(store, CachingStore):
+            node = store.node_stats(cached_bytes=False)
+            out.update({f"node_cache_{name}": value for name, value in node.items()})
+        return out
 
     def reset_stats(self) -> None:
         """Zero the counters."""

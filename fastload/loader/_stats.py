@@ -31,6 +31,14 @@ class LoaderStats:
         ``data_stall_s`` (time the training loop waited for the next batch), ``padded`` (repeated
         samples delivered to even out ranks), ``skipped`` (corrupt samples dropped),
         ``dropped_per_epoch`` (samples ``drop_last`` leaves out of each epoch), ``epoch``, ``step``.
+
+        A loader whose dataset reads through a cache (``cache_dir=``) adds the node's cache
+        counters, summed over every process that used the cache directory (all ranks and workers
+        of the node): ``node_cache_hits``, ``node_cache_misses``, ``node_cache_downloads``,
+        ``node_cache_evictions``,
+        ``node_cache_bytes_downloaded``, ``node_cache_bytes_read_through``,
+        ``node_cache_prefetched``, ``node_cache_requests`` (see
+        :meth:`fastload.storage.CachingStore.node_stats`).
         """
         rate = 1.0 / self.elapsed if self.elapsed > 0 else 0.0
         return {

@@ -19,7 +19,10 @@ Objects are assumed immutable while cached (datasets are written once). Writes a
 through this wrapper invalidate the cached copy; with ``revalidate=True`` every first access in a
 process also compares the remote etag and size with the cached copy's.
 
-Counters (hits, misses, evictions, bytes downloaded) are per process: see :meth:`CachingStore.stats`.
+Counters (hits, misses, evictions, bytes downloaded, requests) are kept per process
+(:meth:`CachingStore.stats`) and for the whole node (:meth:`CachingStore.node_stats`: summed over
+every process that used the cache directory, those gone included, from small memory-mapped
+counter files in the directory; see :mod:`fastload.storage._cache_counters`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from fastload._lazy import PerProcess
 from fastload._units import parse_size
 from fastload.errors import InvalidArgumentError, InvalidRangeError, ObjectNotFoundError, StoreError
 from fastload.storage._base import DEFAULT_COALESCE_BYTES, DEFAULT_READ_CHUNK, ObjectWriter, Store
+from fastload.storage._cache_counters import COUNTER_NAMES, ProcessCounters
 from fastload.storage._cache_dir import CacheDirectory
 from fastload.storage._keys import ByteRange, ObjectMeta, check_range, validate_key
 from fastload.storage._wrapper import WrapperStore
@@ -61,18 +65,10 @@ class _ProcessState:
     #: Keys whose cached copy this process has compared with the remote (``revalidate``).
     validated: set[str] = dataclasses.field(default_factory=set)
     counters: dict[str, int] = dataclasses.field(
-        default_factory=lambda: dict.fromkeys(
-            (
-                "hits",
-                "misses",
-                "evictions",
-                "bytes_downloaded",
-                "bytes_read_through",
-                "prefetched",
-            ),
-            0,
-        )
+        default_factory=lambda: dict.fromkeys(COUNTER_NAMES, 0)
     )
+    #: This process's counter file in the cache directory (the node's counts), made on first use.
+    shared: ProcessCounters | None = None
 
 
 class _CacheWriter(ObjectWriter):
@@ -164,6 +160,7 @@ class CachingStore(WrapperStore):
         except (OSError, ValueError):
             return False
         remote = self._store.head(key)
+        self._count("requests")
         ok = bool(meta.get("size") == remote.size and meta.get("etag") == remote.etag)
         if ok:
             validated.add(key)
@@ -186,6 +183,7 @@ class CachingStore(WrapperStore):
                     self._count("hits")
                 return path
             meta = self._store.head(key)
+            self._count("requests")
             if meta.size > self._disk.max_bytes:
                 return None
             if not prefetch:
@@ -212,6 +210,7 @@ class CachingStore(WrapperStore):
                 with open(tmp, "r+b") as out:
                     if meta.size <= FILL_CHUNK:
                         data = self._store.get(key)
+                        self._count("requests")
                         out.write(data)
                         got, same = len(data), True
                         if got != meta.size:
@@ -219,6 +218,7 @@ class CachingStore(WrapperStore):
                     else:
                         got = self._download(key, meta.size, out)
                         after = self._store.head(key)
+                        self._count("requests")
                         same = got == meta.size and (after.size, after.etag, after.mtime) == (
                             meta.size,
                             meta.etag,
@@ -244,6 +244,7 @@ class CachingStore(WrapperStore):
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
                 raise
+            self._count("downloads")
             self._count("bytes_downloaded", got)
             return
 
@@ -257,6 +258,8 @@ class CachingStore(WrapperStore):
                 block = self._store.get(key, ByteRange.from_length(got, want))
             except InvalidRangeError:
                 return got
+            finally:
+                self._count("requests")
             out.write(block)
             got += len(block)
             if len(block) != want:
@@ -271,6 +274,9 @@ class CachingStore(WrapperStore):
         state = self._proc.get()
         with state.lock:
             state.counters[name] += n
+            if state.shared is None:
+                state.shared = self._disk.counters.open()
+            state.shared.add(name, n)
 
     # ---- public cache API ---------------------------------------------------------------------
 
@@ -321,11 +327,37 @@ class CachingStore(WrapperStore):
         return total
 
     def stats(self) -> dict[str, int]:
-        """This process's counters: hits, misses, evictions, bytes_downloaded,
-        bytes_read_through (objects over budget), prefetched."""
+        """This process's counters (see :meth:`node_stats` for the node's).
+
+        Keys: ``hits`` and ``misses`` (reads served from a cached copy / that had to fill it;
+        prefetches are not counted), ``downloads`` (objects copied into the cache, by reads and
+        prefetches), ``evictions`` (objects removed to make room),
+        ``bytes_downloaded`` (copied into the cache), ``bytes_read_through`` (objects larger than
+        the budget, read uncached), ``prefetched`` (objects filled ahead of use) and ``requests``
+        (calls this cache made to the wrapped store to fill or read through the objects it serves:
+        heads, whole and ranged gets, ``get_ranges`` and ``open_reader`` calls; retries made
+        below it and calls merely forwarded, such as :meth:`head` and :meth:`list`, are not
+        counted).
+        """
         state = self._proc.get()
         with state.lock:
             return dict(state.counters)
+
+    def node_stats(self, *, cached_bytes: bool = True) -> dict[str, int]:
+        """The :meth:`stats` counters summed over every process that has used this cache
+        directory since it was made (all ranks and workers of the node, the SIGKILLed included),
+        plus ``cached_bytes`` (:meth:`cached_bytes`; left out with ``cached_bytes=False``).
+
+        The counts are the directory's, not this store's: caches of several stores sharing the
+        directory add up. Take two readings and subtract them to count an interval (an epoch).
+        A process that counts while this runs may have its last update missed. Cost: one small
+        file read per live process (well under a millisecond for a node's few dozen), and a walk
+        of the cached files for ``cached_bytes``.
+        """
+        out = self._disk.counters.totals()
+        if cached_bytes:
+            out["cached_bytes"] = self.cached_bytes()
+        return out
 
     def clear(self) -> None:
         """Remove every cached object of this store from the cache directory."""
@@ -355,6 +387,7 @@ class CachingStore(WrapperStore):
         path = self._ensure(key)
         if path is None:
             data = self._store.get(key, byte_range)
+            self._count("requests")
             self._count("bytes_read_through", len(data))
             return data
         try:
@@ -365,17 +398,19 @@ class CachingStore(WrapperStore):
                 check_range(byte_range, size, url=self.child_url(key))
                 return os.pread(f.fileno(), byte_range.length, byte_range.start)
         except FileNotFoundError:  # evicted between fill and open: read through once
+            self._count("requests")
             return self._store.get(key, byte_range)
 
     def get_ranges(
         self, key: str, ranges: Sequence[ByteRange], *, coalesce: int = DEFAULT_COALESCE_BYTES
     ) -> builtins.list[bytes]:
         path = self._ensure(key)
-        if path is None:
-            return self._store.get_ranges(key, ranges, coalesce=coalesce)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
+        fd = -1
+        if path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        if fd < 0:  # over the budget, or evicted between fill and open
+            self._count("requests")
             return self._store.get_ranges(key, ranges, coalesce=coalesce)
         try:
             size = os.fstat(fd).st_size
@@ -394,6 +429,7 @@ class CachingStore(WrapperStore):
                 return cast(io.BufferedIOBase, open(path, "rb", buffering=1 << 20))
             except FileNotFoundError:
                 pass
+        self._count("requests")
         return self._store.open_reader(key, chunk_size=chunk_size)
 
     def local_path(self, key: str) -> str | None:

@@ -8,6 +8,7 @@ the caches of several stores. Its layout::
     locks/<e>.lock             flock held while the entry is filled, replaced or removed
     tmp/<e[:16]>.<pid>.<rand>  a fill in progress, created at its full size
     evict.lock                 flock held while room is made in the budget
+    counters/                  the node's counters, one file per process (see _cache_counters.py)
 
 Fills in progress count against the budget (their temporary files are created full-size under
 the eviction lock) but are never evicted; eviction takes each victim's entry lock without
@@ -24,6 +25,8 @@ import tempfile
 import time
 from collections.abc import Iterator
 
+from fastload.storage._cache_counters import NodeCounters
+
 __all__ = ["ROOM_WAIT_S", "CacheDirectory"]
 
 #: How long a fill waits for other fills in progress to free the budget before going over it.
@@ -35,18 +38,20 @@ logger = logging.getLogger("fastload.storage")
 class CacheDirectory:
     """The cache directory at ``path`` with a budget of ``max_bytes``; see the module docs.
 
-    Holds no open files or threads, so it pickles as its two fields and works in any process.
+    Holds no open files or threads, so it pickles as its fields and works in any process.
     """
 
     def __init__(self, path: str, max_bytes: int) -> None:
         self.path = path
         self.max_bytes = max_bytes
+        self.counters = NodeCounters(path)
 
     def create(self) -> None:
         """Make the directory tree, and remove the fills of processes that are gone."""
         for sub in ("objects", "locks", "tmp"):
             os.makedirs(os.path.join(self.path, sub), exist_ok=True)
         self._remove_dead_fills()
+        self.counters.create()
 
     # ---- layout ---------------------------------------------------------------------------------
 

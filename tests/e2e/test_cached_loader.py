@@ -64,10 +64,21 @@ def test_epochs_through_the_cache_are_exact_and_download_once(
     assert sorted(epoch_keys(loader, 0)) == image_keys
     filled = cache_files(cache)
     assert len(filled) == 2 * ds.num_shards  # every shard and its index, once
+    # The node's counters, summed over the two workers (gone: not persistent), say the same.
+    sizes = sum(ds.store.size(k) + ds.store.size(f"{k}.idx") for k in ds.shard_keys)
+    stats = loader.stats()
+    assert stats["node_cache_downloads"] == 2 * ds.num_shards
+    assert stats["node_cache_misses"] <= 2 * ds.num_shards  # the others were prefetched
+    assert stats["node_cache_bytes_downloaded"] == sizes
+    assert stats["node_cache_requests"] == 4 * ds.num_shards  # a head and a get per object
+    assert stats["node_cache_evictions"] == 0
     for epoch in (1, 2):
         keys = epoch_keys(loader, epoch)
         assert sorted(keys) == image_keys
         assert cache_files(cache) == filled  # nothing downloaded again
+    again = loader.stats()
+    assert again["node_cache_bytes_downloaded"] == sizes
+    assert again["node_cache_hits"] > stats["node_cache_hits"]
 
 
 def test_streaming_shuffle_stays_within_a_small_cache(

@@ -1,0 +1,196 @@
+"""Counters of a cache directory summed over every process of the node: :class:`NodeCounters`.
+
+Each process that counts something in a :class:`~fastload.storage.CachingStore` gets its own small
+counter file in the cache directory and keeps it memory-mapped (``MAP_SHARED``): counting is a
+store into the page cache (no system call, no lock shared with other processes), and the counts
+survive the process, SIGKILL included, because the kernel owns the pages. Reading sums the files::
+
+    counters/<pid>.<random>.v1.cnt   one process's counters: COUNTER_NAMES as int64, little-endian
+    counters/merged.json             the totals of processes that are gone, and the files last merged
+    counters/merge.lock              flock held while files of dead processes are merged
+
+A process holds a shared ``flock`` on its own counter file for as long as it lives. A file whose
+lock can be taken exclusively belongs to a process that is gone: its counts are added to
+``merged.json`` (written atomically, naming the files it absorbed) and the file is removed, so the
+directory holds one file per live process plus one. A crash between the two steps is harmless:
+a file named in ``absorbed`` is removed without being added again.
+
+Reads are not synchronised with counting: a total read while a process counts may miss that one
+update. Forked children inherit the parent's file descriptor, so a parent's file is merged only
+once its children are gone too (its counts are read all the same).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import mmap
+import os
+import secrets
+import struct
+from collections.abc import Iterator
+
+__all__ = ["COUNTER_NAMES", "NodeCounters", "ProcessCounters"]
+
+#: The counters, in the order of their int64 slots in a counter file.
+COUNTER_NAMES = (
+    "hits",
+    "misses",
+    "downloads",
+    "evictions",
+    "bytes_downloaded",
+    "bytes_read_through",
+    "prefetched",
+    "requests",
+)
+_SLOTS = 8  # a new counter past the eighth needs a new file version (.v2.cnt)
+_FILE_BYTES = 8 * _SLOTS
+_SUFFIX = ".v1.cnt"
+_FORMAT = f"<{len(COUNTER_NAMES)}q"
+
+
+class ProcessCounters:
+    """This process's counter file: memory-mapped int64 slots, one per name in
+    :data:`COUNTER_NAMES`. Made by :meth:`NodeCounters.open`; not thread-safe by itself (the
+    caller serialises :meth:`add`), never shared with another process."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # held for life: "this process is alive"
+            os.ftruncate(fd, _FILE_BYTES)
+            self._map = mmap.mmap(
+                fd, _FILE_BYTES, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE
+            )
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd  # kept open: closing it would release the lock
+        self._slots = memoryview(self._map).cast("q")
+        self._index = {name: i for i, name in enumerate(COUNTER_NAMES)}
+
+    def add(self, name: str, n: int = 1) -> None:
+        """Add ``n`` to counter ``name`` (one of :data:`COUNTER_NAMES`)."""
+        self._slots[self._index[name]] += n
+
+
+def _read(path: str) -> dict[str, int] | None:
+    """The counts in a counter file (a short file reads as zeros); None if it is gone."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(_FILE_BYTES)
+    except FileNotFoundError:
+        return None
+    data = data[: struct.calcsize(_FORMAT)].ljust(struct.calcsize(_FORMAT), b"\0")
+    return dict(zip(COUNTER_NAMES, struct.unpack(_FORMAT, data)))
+
+
+class NodeCounters:
+    """The counters of every process that uses the cache directory ``root`` (see the module docs).
+
+    Holds only the path, so it pickles and works in any process.
+    """
+
+    def __init__(self, root: str) -> None:
+        self.dir = os.path.join(root, "counters")
+
+    def create(self) -> None:
+        """Make the counters directory and fold in the files of processes that are gone."""
+        os.makedirs(self.dir, exist_ok=True)
+        self.merge_dead()
+
+    def open(self) -> ProcessCounters:
+        """A new counter file for the calling process."""
+        name = f"{os.getpid()}.{secrets.token_hex(6)}{_SUFFIX}"
+        return ProcessCounters(os.path.join(self.dir, name))
+
+    def _files(self) -> Iterator[str]:
+        with contextlib.suppress(FileNotFoundError):
+            for name in os.listdir(self.dir):
+                if name.endswith(_SUFFIX):
+                    yield name
+
+    def _merged_path(self) -> str:
+        return os.path.join(self.dir, "merged.json")
+
+    def _load_merged(self) -> tuple[dict[str, int], list[str]]:
+        try:
+            with open(self._merged_path(), encoding="utf-8") as f:
+                doc = json.load(f)
+            totals = {k: int(doc["totals"].get(k, 0)) for k in COUNTER_NAMES}
+            return totals, [str(n) for n in doc.get("absorbed", [])]
+        except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError):
+            return dict.fromkeys(COUNTER_NAMES, 0), []
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        lock_fd = os.open(
+            os.path.join(self.dir, "merge.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666
+        )
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(lock_fd)
+
+    def totals(self) -> dict[str, int]:
+        """Every counter summed over all processes that used the directory, live or gone.
+
+        Runs under the merge lock, so a concurrent merge neither hides nor doubles a file.
+        """
+        with self._locked():
+            self._merge_locked()
+            totals, _ = self._load_merged()
+            for name in self._files():
+                counts = _read(os.path.join(self.dir, name))
+                if counts is not None:
+                    for k, v in counts.items():
+                        totals[k] += v
+        return totals
+
+    def merge_dead(self) -> int:
+        """Add the files of processes that are gone to ``merged.json`` and remove them; return
+        how many were merged. Cheap when there are none (one ``flock`` attempt per file)."""
+        with self._locked():
+            return self._merge_locked()
+
+    def _merge_locked(self) -> int:
+        totals, absorbed = self._load_merged()
+        for name in absorbed:  # added by the last merge, which stopped before removing them
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.dir, name))
+        dead: list[tuple[str, int]] = []
+        try:
+            for name in self._files():
+                path = os.path.join(self.dir, name)
+                try:
+                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    continue
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)  # its process (or a forked child of it) is alive
+                    continue
+                dead.append((name, fd))
+            if not dead and not absorbed:
+                return 0
+            for name, _ in dead:
+                counts = _read(os.path.join(self.dir, name)) or {}
+                for k, v in counts.items():
+                    totals[k] += v
+            tmp = self._merged_path() + f".{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({"totals": totals, "absorbed": [n for n, _ in dead]}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self._merged_path())
+            for name, _ in dead:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.dir, name))
+            return len(dead)
+        finally:
+            for _, fd in dead:
+                os.close(fd)
