@@ -53,6 +53,9 @@ __all__ = ["CachingStore", "parse_size"]  # parse_size re-exported from fastload
 
 #: Bytes per request when the cache copies an object in (memory per fill in progress).
 FILL_CHUNK = 32 * 1024 * 1024
+#: A fill reuses the answer of a head of the same object forwarded this long ago at most.
+HEAD_REUSE_S = 10.0
+_MAX_HEADS = 4096  # remembered forwarded heads per process (forgotten all at once beyond)
 
 
 @dataclasses.dataclass
@@ -64,6 +67,10 @@ class _ProcessState:
     pending: dict[str, Future[None]] = dataclasses.field(default_factory=dict)
     #: Keys whose cached copy this process has compared with the remote (``revalidate``).
     validated: set[str] = dataclasses.field(default_factory=set)
+    #: Heads of uncached objects this process forwarded (key -> (monotonic time, answer)): the
+    #: fill that usually follows (a shard reader asks for the size, then reads) reuses the answer
+    #: instead of asking again.
+    heads: dict[str, tuple[float, ObjectMeta]] = dataclasses.field(default_factory=dict)
     counters: dict[str, int] = dataclasses.field(
         default_factory=lambda: dict.fromkeys(COUNTER_NAMES, 0)
     )
@@ -182,8 +189,10 @@ class CachingStore(WrapperStore):
                 if not prefetch:
                     self._count("hits")
                 return path
-            meta = self._store.head(key)
-            self._count("requests")
+            meta = self._recent_head(key)
+            if meta is None:
+                meta = self._store.head(key)
+                self._count("requests")
             if meta.size > self._disk.max_bytes:
                 return None
             if not prefetch:
@@ -237,7 +246,16 @@ class CachingStore(WrapperStore):
                     )
                 meta_path = self._disk.meta_path(entry)
                 with open(meta_path + ".tmp", "w", encoding="utf-8") as f:
-                    json.dump({"key": key, "size": got, "etag": meta.etag, "url": self.url}, f)
+                    json.dump(
+                        {
+                            "key": key,
+                            "size": got,
+                            "etag": meta.etag,
+                            "mtime": meta.mtime,
+                            "url": self.url,
+                        },
+                        f,
+                    )
                 os.replace(meta_path + ".tmp", meta_path)
                 os.replace(tmp, path)
             except BaseException:
@@ -335,9 +353,9 @@ class CachingStore(WrapperStore):
         ``bytes_downloaded`` (copied into the cache), ``bytes_read_through`` (objects larger than
         the budget, read uncached), ``prefetched`` (objects filled ahead of use) and ``requests``
         (calls this cache made to the wrapped store to fill or read through the objects it serves:
-        heads, whole and ranged gets, ``get_ranges`` and ``open_reader`` calls; retries made
-        below it and calls merely forwarded, such as :meth:`head` and :meth:`list`, are not
-        counted).
+        heads (:meth:`head` of an uncached object included), whole and ranged gets,
+        ``get_ranges`` and ``open_reader`` calls; retries made below it, :meth:`list` and
+        writes are not counted).
         """
         state = self._proc.get()
         with state.lock:
@@ -458,7 +476,56 @@ class CachingStore(WrapperStore):
             self.invalidate(key)
 
     def head(self, key: str) -> ObjectMeta:
-        return self._store.head(key)
+        """The object's size, mtime and etag: from the cached copy's description when the object
+        is cached (no request: shard readers ask for the size each time they open a shard), or
+        once a fill of it in progress in any process has finished; else from the wrapped store,
+        and a fill of the object in this process within :data:`HEAD_REUSE_S` seconds then reuses
+        that answer instead of asking again. With ``revalidate=True`` always from the wrapped
+        store."""
+        if not self._revalidate:
+            entry = self._entry(validate_key(key, url=self.url))
+            cached = self._cached_meta(key, entry)
+            if cached is None:
+                with self._disk.locked(entry):  # waits for a fill in progress, if any
+                    cached = self._cached_meta(key, entry)
+            if cached is not None:
+                return cached
+        meta = self._store.head(key)
+        self._count("requests")
+        if not self._revalidate:
+            state = self._proc.get()
+            with state.lock:
+                if len(state.heads) >= _MAX_HEADS:
+                    state.heads.clear()
+                state.heads[key] = (time.monotonic(), meta)
+        return meta
+
+    def _cached_meta(self, key: str, entry: str) -> ObjectMeta | None:
+        """What the description of the cached copy of ``key`` says, None if it is not cached."""
+        try:
+            with open(self._disk.meta_path(entry), encoding="utf-8") as f:
+                meta = json.load(f)
+            if not os.path.exists(self._disk.object_path(entry)) or meta.get("key") != key:
+                return None
+            mtime = meta.get("mtime")
+            return ObjectMeta(
+                key,
+                int(meta["size"]),
+                mtime=float(mtime) if mtime is not None else None,
+                etag=meta.get("etag"),
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # not cached, or a description being replaced
+
+    def _recent_head(self, key: str) -> ObjectMeta | None:
+        """The answer of a head of ``key`` this process forwarded in the last
+        :data:`HEAD_REUSE_S` seconds (then forgotten), else None."""
+        state = self._proc.get()
+        with state.lock:
+            seen = state.heads.pop(key, None)
+        if seen is None or time.monotonic() - seen[0] > HEAD_REUSE_S:
+            return None
+        return seen[1]
 
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
         return self._store.list(prefix)

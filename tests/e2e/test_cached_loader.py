@@ -70,7 +70,9 @@ def test_epochs_through_the_cache_are_exact_and_download_once(
     assert stats["node_cache_downloads"] == 2 * ds.num_shards
     assert stats["node_cache_misses"] <= 2 * ds.num_shards  # the others were prefetched
     assert stats["node_cache_bytes_downloaded"] == sizes
-    assert stats["node_cache_requests"] == 4 * ds.num_shards  # a head and a get per object
+    # A head and a get per object, and a head from a worker that opened a shard while the other
+    # worker was filling it.
+    assert 4 * ds.num_shards <= stats["node_cache_requests"] <= 5 * ds.num_shards
     assert stats["node_cache_evictions"] == 0
     for epoch in (1, 2):
         keys = epoch_keys(loader, epoch)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fastload.errors import InvalidArgumentError, ObjectNotFoundError
-from fastload.storage import ByteRange, LocalStore, Store
+from fastload.storage import ByteRange, LocalStore, ObjectMeta, Store
 from fastload.storage._cache import CachingStore, parse_size
 from fastload.storage._wrapper import WrapperStore
 from fastload.testing.store import StoreTests
@@ -287,3 +287,37 @@ def test_large_objects_fill_in_chunks_and_detect_changes(
     ]
     assert len(ranges) == 8  # copied again after the change was seen
     assert cache.stats()["bytes_downloaded"] == 1000
+
+
+class HeadCounter(WrapperStore):
+    """Counts the heads that reach the wrapped store."""
+
+    heads = 0
+
+    def head(self, key: str) -> ObjectMeta:
+        self.heads += 1
+        return super().head(key)
+
+
+def test_head_of_a_cached_object_is_answered_locally(remote: LocalStore, tmp_path: Path) -> None:
+    inner = HeadCounter(remote)
+    cache = CachingStore(inner, tmp_path / "cache", "1MB")
+    remote_meta = remote.head("shard-1.tar")
+    assert cache.head("shard-1.tar") == remote_meta  # not cached: asked of the store
+    assert inner.heads == 1
+    cache.get("shard-1.tar")  # the fill reuses the head just forwarded
+    assert inner.heads == 1
+    for _ in range(3):
+        assert cache.head("shard-1.tar") == remote_meta  # size, mtime and etag from the cache
+    assert inner.heads == 1
+    cache.get("shard-3.tar")  # no head before it: the fill asks
+    assert inner.heads == 2
+    cache.invalidate("shard-1.tar")
+    assert cache.head("shard-1.tar") == remote_meta
+    assert inner.heads == 3
+    assert cache.stats()["requests"] == 5  # three heads and two gets
+    checking = CachingStore(inner, tmp_path / "cache", "1MB", revalidate=True)
+    checking.get("shard-2.tar")
+    before = inner.heads
+    checking.head("shard-2.tar")
+    assert inner.heads == before + 1  # revalidate: always the store's answer
