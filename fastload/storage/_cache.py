@@ -32,7 +32,6 @@ import contextlib
 import dataclasses
 import hashlib
 import io
-import json
 import os
 import threading
 import time
@@ -161,14 +160,12 @@ class CachingStore(WrapperStore):
         validated = self._proc.get().validated
         if not self._revalidate or key in validated:
             return True
-        try:
-            with open(self._disk.meta_path(entry), encoding="utf-8") as f:
-                meta = json.load(f)
-        except (OSError, ValueError):
+        cached = self._disk.description(entry, key)
+        if cached is None:
             return False
         remote = self._store.head(key)
         self._count("requests")
-        ok = bool(meta.get("size") == remote.size and meta.get("etag") == remote.etag)
+        ok = (cached.size, cached.etag) == (remote.size, remote.etag)
         if ok:
             validated.add(key)
         return ok
@@ -244,19 +241,7 @@ class CachingStore(WrapperStore):
                         "downloads; datasets being read must not be rewritten",
                         url=url,
                     )
-                meta_path = self._disk.meta_path(entry)
-                with open(meta_path + ".tmp", "w", encoding="utf-8") as f:
-                    json.dump(
-                        {
-                            "key": key,
-                            "size": got,
-                            "etag": meta.etag,
-                            "mtime": meta.mtime,
-                            "url": self.url,
-                        },
-                        f,
-                    )
-                os.replace(meta_path + ".tmp", meta_path)
+                self._disk.describe(entry, ObjectMeta(key, got, meta.mtime, meta.etag), self.url)
                 os.replace(tmp, path)
             except BaseException:
                 with contextlib.suppress(OSError):
@@ -338,11 +323,7 @@ class CachingStore(WrapperStore):
 
     def cached_bytes(self) -> int:
         """Bytes currently held in the cache directory (all processes, all stores)."""
-        total = 0
-        for path in self._disk.object_files():
-            with contextlib.suppress(FileNotFoundError):
-                total += os.stat(path).st_size
-        return total
+        return self._disk.cached_bytes()
 
     def stats(self) -> dict[str, int]:
         """This process's counters (see :meth:`node_stats` for the node's).
@@ -379,16 +360,7 @@ class CachingStore(WrapperStore):
 
     def clear(self) -> None:
         """Remove every cached object of this store from the cache directory."""
-        for path in builtins.list(self._disk.object_files()):
-            try:
-                with open(path + ".json", encoding="utf-8") as f:
-                    url = json.load(f).get("url")
-            except (OSError, ValueError):
-                url = None
-            if url == self.url:
-                for p in (path, path + ".json"):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(p)
+        self._disk.remove_store(self.url)
 
     def close(self) -> None:
         state = self._proc.peek()
@@ -484,10 +456,10 @@ class CachingStore(WrapperStore):
         store."""
         if not self._revalidate:
             entry = self._entry(validate_key(key, url=self.url))
-            cached = self._cached_meta(key, entry)
+            cached = self._disk.description(entry, key)
             if cached is None:
                 with self._disk.locked(entry):  # waits for a fill in progress, if any
-                    cached = self._cached_meta(key, entry)
+                    cached = self._disk.description(entry, key)
             if cached is not None:
                 return cached
         meta = self._store.head(key)
@@ -499,23 +471,6 @@ class CachingStore(WrapperStore):
                     state.heads.clear()
                 state.heads[key] = (time.monotonic(), meta)
         return meta
-
-    def _cached_meta(self, key: str, entry: str) -> ObjectMeta | None:
-        """What the description of the cached copy of ``key`` says, None if it is not cached."""
-        try:
-            with open(self._disk.meta_path(entry), encoding="utf-8") as f:
-                meta = json.load(f)
-            if not os.path.exists(self._disk.object_path(entry)) or meta.get("key") != key:
-                return None
-            mtime = meta.get("mtime")
-            return ObjectMeta(
-                key,
-                int(meta["size"]),
-                mtime=float(mtime) if mtime is not None else None,
-                etag=meta.get("etag"),
-            )
-        except (OSError, ValueError, KeyError, TypeError):
-            return None  # not cached, or a description being replaced
 
     def _recent_head(self, key: str) -> ObjectMeta | None:
         """The answer of a head of ``key`` this process forwarded in the last

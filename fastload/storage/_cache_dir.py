@@ -4,7 +4,7 @@ One directory is shared by every process of a node (all DataLoader workers of al
 the caches of several stores. Its layout::
 
     objects/<e[:2]>/<e>        a cached object (e = sha256 of "<store url>\\0<key>", hex)
-    objects/<e[:2]>/<e>.json   what it is: {"key", "size", "etag", "url"}
+    objects/<e[:2]>/<e>.json   what it is: {"key", "size", "etag", "mtime", "url"}
     locks/<e>.lock             flock held while the entry is filled, replaced or removed
     tmp/<e[:16]>.<pid>.<rand>  a fill in progress, created at its full size
     evict.lock                 flock held while room is made in the budget
@@ -17,8 +17,10 @@ waiting, so it never removes an object that another process is filling.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import tempfile
@@ -26,6 +28,7 @@ import time
 from collections.abc import Iterator
 
 from fastload.storage._cache_counters import NodeCounters
+from fastload.storage._keys import ObjectMeta
 
 __all__ = ["ROOM_WAIT_S", "CacheDirectory"]
 
@@ -73,6 +76,54 @@ class CacheDirectory:
             for name in files:
                 if not name.endswith((".json", ".tmp")):
                     yield os.path.join(dirpath, name)
+
+    def describe(self, entry: str, meta: ObjectMeta, url: str) -> None:
+        """Write the description of ``entry`` (the object ``meta`` of the store at ``url``)
+        atomically; done before the object itself is renamed into place."""
+        path = self.meta_path(entry)
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            record = {"key": meta.key, "size": meta.size, "etag": meta.etag, "mtime": meta.mtime}
+            json.dump({**record, "url": url}, f)
+        os.replace(path + ".tmp", path)
+
+    def description(self, entry: str, key: str) -> ObjectMeta | None:
+        """What the cached copy of ``key`` (entry ``entry``) is, None when it is not cached (or
+        its description is being replaced)."""
+        try:
+            with open(self.meta_path(entry), encoding="utf-8") as f:
+                meta = json.load(f)
+            if not os.path.exists(self.object_path(entry)) or meta.get("key") != key:
+                return None
+            mtime = meta.get("mtime")
+            return ObjectMeta(
+                key,
+                int(meta["size"]),
+                mtime=float(mtime) if mtime is not None else None,
+                etag=meta.get("etag"),
+            )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+    def cached_bytes(self) -> int:
+        """Bytes of the cached objects (all stores), fills in progress not included."""
+        total = 0
+        for path in self.object_files():
+            with contextlib.suppress(FileNotFoundError):
+                total += os.stat(path).st_size
+        return total
+
+    def remove_store(self, url: str) -> None:
+        """Remove every cached object of the store at ``url``."""
+        for path in builtins.list(self.object_files()):
+            try:
+                with open(path + ".json", encoding="utf-8") as f:
+                    owner = json.load(f).get("url")
+            except (OSError, ValueError, AttributeError):
+                owner = None
+            if owner == url:
+                for p in (path, path + ".json"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(p)
 
     @contextlib.contextmanager
     def locked(self, entry: str | None) -> Iterator[None]:
