@@ -1,7 +1,8 @@
-"""The ``fastload`` command: ``convert``, ``inspect``, ``verify``, ``index``.
+"""The ``fastload`` command: ``convert``, ``inspect``, ``verify``, ``index``, ``plan-capacity``.
 
 Each subcommand is a thin layer over the Python API in :mod:`fastload.convert`: ``convert`` in
-:mod:`._convert`, ``inspect``, ``verify`` and ``index`` in :mod:`._tools`. Adding one means
+:mod:`._convert`, ``inspect``, ``verify`` and ``index`` in :mod:`._tools`, ``plan-capacity`` (the
+capacity model of :mod:`fastload._capacity`) in :mod:`._capacity`. Adding one means
 writing a function that adds its parser (with :func:`._common.add_command`) and listing it in
 :data:`SUBCOMMANDS`. The exit statuses are the constants of :mod:`._common` (``EXIT_OK``, ...),
 re-exported here.
@@ -28,7 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastload._version import __version__
-from fastload.cli import _convert, _tools
+from fastload.cli import _capacity, _convert, _tools
 from fastload.cli._common import (
     EXIT_CODES_HELP,
     EXIT_ERROR,
@@ -61,6 +62,7 @@ SUBCOMMANDS: dict[str, Callable[[Any], None]] = {
     "inspect": _tools.add_inspect,
     "verify": _tools.add_verify,
     "index": _tools.add_index,
+    "plan-capacity": _capacity.add,
 }
 
 

@@ -27,6 +27,7 @@ Store options (endpoint, credentials) come from the ``AWS_*`` environment variab
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -34,9 +35,138 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["launch_node", "main", "node_snapshots", "rank_batches", "rgw_counters"]
+if TYPE_CHECKING:
+    from fastload._capacity import CapacityPlan
+    from fastload.testing.ceph import CephS3
+
+__all__ = [
+    "SHARD_SAMPLES",
+    "NodeCorpus",
+    "capacity_model",
+    "delete_bucket",
+    "job_env",
+    "launch_node",
+    "main",
+    "node_snapshots",
+    "rank_batches",
+    "rgw_counters",
+    "write_corpus",
+]
+
+#: Samples per shard of :func:`write_corpus`'s datasets.
+SHARD_SAMPLES = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeCorpus:
+    """A generated image dataset in the store, as :func:`write_corpus` left it.
+
+    Attributes:
+        url: The dataset URL (``s3://bucket/ds``).
+        keys: Its sample keys, sorted.
+        shards: Number of shards.
+        tar_bytes: Bytes of the shards.
+        idx_bytes: Bytes of their ``.idx`` files.
+    """
+
+    url: str
+    keys: list[str]
+    shards: int
+    tar_bytes: int
+    idx_bytes: int
+
+    @property
+    def nbytes(self) -> int:
+        """Shards plus indexes: what a node downloads for one copy of the dataset."""
+        return self.tar_bytes + self.idx_bytes
+
+
+def write_corpus(
+    work_dir: Path, url: str, images: int, store_options: Mapping[str, Any]
+) -> NodeCorpus:
+    """Generate ``images`` small JPEGs under ``work_dir`` and convert them to webdataset shards
+    of :data:`SHARD_SAMPLES` samples at ``url``."""
+    import fastload
+    from fastload.testing.corpus import write_image_folder
+
+    folder = work_dir / "images"
+    write_image_folder(folder, images, scale=4, processes=1)
+    options = dict(store_options)
+    fastload.convert(
+        folder,
+        url,
+        format="webdataset",
+        shard_samples=SHARD_SAMPLES,
+        workers=1,
+        quiet=True,
+        store_options=options,
+    )
+    ds = fastload.open_dataset(url, store_options=options)
+    return NodeCorpus(
+        url=url,
+        keys=sorted(f"{p.parent.name}/{p.stem}" for p in folder.glob("*/*.jpg")),
+        shards=ds.num_shards,
+        tar_bytes=sum(ds.store.size(k) for k in ds.shard_keys),
+        idx_bytes=sum(ds.store.size(f"{k}.idx") for k in ds.shard_keys),
+    )
+
+
+def delete_bucket(client: Any, bucket: str) -> None:
+    """Delete ``bucket`` and every object in it (``client``: boto3's)."""
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        objs = [{"Key": o["Key"]} for o in page.get("Contents", ())]
+        if objs:
+            client.delete_objects(Bucket=bucket, Delete={"Objects": objs, "Quiet": True})
+    client.delete_bucket(Bucket=bucket)
+
+
+def job_env(cluster: CephS3) -> dict[str, str]:
+    """This process's environment plus the cluster's S3 settings, with this checkout first on
+    ``PYTHONPATH`` (the ranks import the same fastload)."""
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.environ.get("PYTHONPATH", "")
+    return {
+        **os.environ,
+        "PYTHONPATH": f"{root}{os.pathsep}{path}" if path else root,
+        "AWS_ENDPOINT_URL": cluster.endpoint_url,
+        "AWS_ACCESS_KEY_ID": cluster.access_key_id,
+        "AWS_SECRET_ACCESS_KEY": cluster.secret_access_key,
+        "AWS_DEFAULT_REGION": cluster.region,
+    }
+
+
+def capacity_model(
+    corpus: NodeCorpus,
+    *,
+    nodes: int,
+    ranks: int,
+    workers: int,
+    batch_size: int,
+    cache_bytes: int,
+    block_size: int | None = None,
+    window: int = 1,
+) -> CapacityPlan:
+    """What :func:`fastload._capacity.plan_capacity` predicts for this job on ``corpus`` (the
+    job's ``prefetch_shards`` is 1; the rate does not change the per-epoch figures)."""
+    from fastload._capacity import Cluster, Workload, plan_capacity
+
+    samples = len(corpus.keys)
+    work = Workload(samples, corpus.tar_bytes / samples, corpus.idx_bytes / samples)
+    target = Cluster(
+        gpus=nodes * ranks,
+        samples_per_gpu=1.0,
+        gpus_per_node=ranks,
+        batch_size=batch_size,
+        workers=workers,
+        shard_bytes=corpus.tar_bytes // corpus.shards,
+        cache_bytes=cache_bytes,
+        block_size=block_size,
+        window=window,
+        prefetch_shards=1,
+    )
+    return plan_capacity(work, target)
 
 
 def rgw_counters(asok: str) -> dict[str, int]:
@@ -190,6 +320,8 @@ def launch_node(
         "fastload.testing.nodes",
         *job_args,
     ]
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
     out = open(log, "ab") if log is not None else None  # noqa: SIM115 - handed to the child
     try:
         return subprocess.Popen(

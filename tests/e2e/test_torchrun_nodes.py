@@ -30,36 +30,30 @@ from typing import Any
 
 import pytest
 
-import fastload
 from fastload.testing.ceph import CephS3
-from fastload.testing.corpus import write_image_folder
-from fastload.testing.nodes import launch_node, node_snapshots, rank_batches
+from fastload.testing.nodes import (
+    NodeCorpus,
+    capacity_model,
+    delete_bucket,
+    job_env,
+    launch_node,
+    node_snapshots,
+    rank_batches,
+    write_corpus,
+)
 
 pytestmark = [pytest.mark.ceph, pytest.mark.timeout(600)]
 
 NODES, RANKS, WORKERS, BATCH = 2, 2, 2, 2
-IMAGES, SHARD_SAMPLES = 160, 20  # 8 shards; 160 = 20 global steps of 8, no padding
+IMAGES = 160  # 8 shards of 20; 160 = 20 global steps of 8, no padding
 SAVE_AT = (2, 5)  # rank 0 saves the state after 5 steps of epoch 2
 KILL_AT = (2, 8, 3)  # global rank 3 SIGKILLs itself on batch 8 of epoch 2
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def job_env(ceph_s3: CephS3) -> dict[str, str]:
-    path = os.environ.get("PYTHONPATH", "")
-    return {
-        **os.environ,
-        "PYTHONPATH": f"{ROOT}{os.pathsep}{path}" if path else str(ROOT),
-        "AWS_ENDPOINT_URL": ceph_s3.endpoint_url,
-        "AWS_ACCESS_KEY_ID": ceph_s3.access_key_id,
-        "AWS_SECRET_ACCESS_KEY": ceph_s3.secret_access_key,
-        "AWS_DEFAULT_REGION": ceph_s3.region,
-    }
 
 
 def wait_all(procs: list[subprocess.Popen[bytes]], logs: list[Path]) -> list[int]:
@@ -78,47 +72,25 @@ def wait_all(procs: list[subprocess.Popen[bytes]], logs: list[Path]) -> list[int
     return codes
 
 
-class Dataset:
-    def __init__(self, url: str, keys: list[str], nbytes: int, shards: int) -> None:
-        self.url, self.keys, self.nbytes, self.shards = url, keys, nbytes, shards
-
-
 @pytest.fixture(scope="module")
 def dataset(
     ceph_s3: CephS3, s3_client: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Dataset]:
-    """160 images in 8 webdataset shards in a new bucket; the bytes of shards plus indexes."""
-    images = tmp_path_factory.mktemp("nodes-corpus") / "images"
-    write_image_folder(images, IMAGES, scale=4, processes=1)
+) -> Iterator[NodeCorpus]:
+    """160 images in 8 webdataset shards in a new bucket."""
     bucket = f"fl-nodes-{os.getpid()}"
     s3_client.create_bucket(Bucket=bucket)
-    url = f"s3://{bucket}/ds"
-    options = ceph_s3.store_options()
-    fastload.convert(
-        images,
-        url,
-        format="webdataset",
-        shard_samples=SHARD_SAMPLES,
-        workers=1,
-        quiet=True,
-        store_options=options,
-    )
-    ds = fastload.open_dataset(url, store_options=options)
-    nbytes = sum(ds.store.size(k) + ds.store.size(f"{k}.idx") for k in ds.shard_keys)
-    keys = sorted(f"{p.parent.name}/{p.stem}" for p in images.glob("*/*.jpg"))
-    yield Dataset(url, keys, nbytes, ds.num_shards)
-    for page in s3_client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-        objs = [{"Key": o["Key"]} for o in page.get("Contents", ())]
-        if objs:
-            s3_client.delete_objects(Bucket=bucket, Delete={"Objects": objs, "Quiet": True})
-    s3_client.delete_bucket(Bucket=bucket)
+    work = tmp_path_factory.mktemp("nodes-corpus")
+    try:
+        yield write_corpus(work, f"s3://{bucket}/ds", IMAGES, ceph_s3.store_options())
+    finally:
+        delete_bucket(s3_client, bucket)
 
 
-def budget(ds: Dataset) -> int:
+def budget(ds: NodeCorpus) -> int:
     return ds.nbytes * 3 // 4
 
 
-def job_args(ds: Dataset, cache: Path, log: Path, *extra: str) -> list[str]:
+def job_args(ds: NodeCorpus, cache: Path, log: Path, *extra: str) -> list[str]:
     return [
         *("--url", ds.url, "--cache-dir", str(cache), "--cache-size", str(budget(ds))),
         *("--log-dir", str(log), "--workers", str(WORKERS)),
@@ -128,13 +100,13 @@ def job_args(ds: Dataset, cache: Path, log: Path, *extra: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def first_run(
-    dataset: Dataset, ceph_s3: CephS3, tmp_path_factory: pytest.TempPathFactory
+    dataset: NodeCorpus, ceph_s3: CephS3, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, list[int]]:
     """The 2 x 2 x 2 job over epochs 0-2, killed in epoch 2: (its directory, exit codes)."""
     run = tmp_path_factory.mktemp("nodes-run")
     port, env = free_port(), job_env(ceph_s3)
-    extra = ("--epochs", "0,1,2", "--batch-size", str(BATCH))
-    extra += ("--save-at", "{}:{}".format(*SAVE_AT), "--kill-at", "{}:{}:{}".format(*KILL_AT))
+    extra = ["--epochs", "0,1,2", "--batch-size", str(BATCH)]
+    extra += ["--save-at", "{}:{}".format(*SAVE_AT), "--kill-at", "{}:{}:{}".format(*KILL_AT)]
     logs = [run / f"torchrun-{n}.log" for n in range(NODES)]
     procs = [
         launch_node(
@@ -166,12 +138,20 @@ def delta(snaps: dict[tuple[int, str], dict[str, int]], epoch: int) -> dict[str,
 
 
 def test_each_epoch_is_exact_and_each_node_downloads_one_copy(
-    dataset: Dataset, first_run: tuple[Path, list[int]]
+    dataset: NodeCorpus, first_run: tuple[Path, list[int]]
 ) -> None:
     run, _ = first_run
     batches = rank_batches(run / "log")
     assert budget(dataset) < dataset.nbytes  # the cache is smaller than the dataset
     objects = 2 * dataset.shards  # shards and their indexes
+    plan = capacity_model(
+        dataset,
+        nodes=NODES,
+        ranks=RANKS,
+        workers=WORKERS,
+        batch_size=BATCH,
+        cache_bytes=budget(dataset),
+    )
     for epoch in (0, 1):
         assert keys_of(batches, epoch) == dataset.keys  # exactly once over the global batch
         per_rank = Counter(b["rank"] for b in batches if b["epoch"] == epoch)
@@ -185,6 +165,9 @@ def test_each_epoch_is_exact_and_each_node_downloads_one_copy(
         # A head and a get per object (a few more heads where two ranks opened a shard at once).
         assert objects * 2 <= first["requests"] <= objects * 3, first
         assert first["hits"] > 0
+        # The capacity model predicts the first epoch within 20 % (bytes: exactly).
+        assert first["bytes_downloaded"] == pytest.approx(plan.first_epoch_node_bytes, rel=1e-6)
+        assert first["requests"] == pytest.approx(plan.first_epoch_node_requests, rel=0.2)
         second = delta(snaps, 1)
         # The cache cannot keep the dataset: epoch 1 downloads what epoch 0 evicted, no more.
         assert 0 < second["bytes_downloaded"] <= dataset.nbytes, second
@@ -193,7 +176,7 @@ def test_each_epoch_is_exact_and_each_node_downloads_one_copy(
 
 
 def test_a_sigkilled_rank_leaves_a_usable_cache_and_the_job_resumes_at_another_world_size(
-    dataset: Dataset, ceph_s3: CephS3, first_run: tuple[Path, list[int]]
+    dataset: NodeCorpus, ceph_s3: CephS3, first_run: tuple[Path, list[int]]
 ) -> None:
     run, codes = first_run
     assert all(code != 0 for code in codes)  # the kill ended the job on both nodes
