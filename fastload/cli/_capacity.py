@@ -59,6 +59,12 @@ def add(sub: Any) -> None:
     t.add_argument("--window", type=positive_int, default=defaults.window)
     t.add_argument("--prefetch-shards", type=count, default=defaults.prefetch_shards)
     t.add_argument(
+        "--max-open-shards",
+        type=count,
+        default=defaults.max_open_shards,
+        help="shard readers a worker keeps open (the loader's max_open_shards)",
+    )
+    t.add_argument(
         "--node-bandwidth",
         type=size,
         default=int(defaults.node_bandwidth),
@@ -113,6 +119,7 @@ def _run(args: argparse.Namespace) -> int:
         block_size=block,
         window=args.window,
         prefetch_shards=args.prefetch_shards,
+        max_open_shards=args.max_open_shards,
         node_bandwidth=float(args.node_bandwidth),
     )
     plan = plan_capacity(work, target)

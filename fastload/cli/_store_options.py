@@ -158,7 +158,9 @@ class _RetryLines(logging.StreamHandler):  # type: ignore[type-arg]
     """Prints ``fastload.storage`` records (one line per retry) on the current ``sys.stderr``."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.setStream(sys.stderr)
+        # Not setStream(): it flushes the previous stream, which may be closed by now (a
+        # replaced sys.stderr, such as pytest's capture of an earlier test).
+        self.stream = sys.stderr
         super().emit(record)
 
 

@@ -73,8 +73,9 @@ class _ProcessState:
     counters: dict[str, int] = dataclasses.field(
         default_factory=lambda: dict.fromkeys(COUNTER_NAMES, 0)
     )
-    #: This process's counter file in the cache directory (the node's counts), made on first use.
-    shared: ProcessCounters | None = None
+    #: This process's counter file in the cache directory (the node's counts), made on first use;
+    #: False when it could not be made.
+    shared: ProcessCounters | bool | None = None
 
 
 class _CacheWriter(ObjectWriter):
@@ -278,8 +279,9 @@ class CachingStore(WrapperStore):
         with state.lock:
             state.counters[name] += n
             if state.shared is None:
-                state.shared = self._disk.counters.open()
-            state.shared.add(name, n)
+                state.shared = self._disk.counters.open_or_warn() or False
+            if isinstance(state.shared, ProcessCounters):
+                state.shared.add(name, n)
 
     # ---- public cache API ---------------------------------------------------------------------
 

@@ -7,7 +7,8 @@ survive the process, SIGKILL included, because the kernel owns the pages. Readin
 
     counters/<pid>.<random>.v1.cnt   one process's counters: COUNTER_NAMES as int64, little-endian
     counters/merged.json             the totals of processes that are gone, and the files last merged
-    counters/merge.lock              flock held while files of dead processes are merged
+
+Merging takes an exclusive ``flock`` on the ``counters`` directory itself (no lock file).
 
 A process holds a shared ``flock`` on its own counter file for as long as it lives. A file whose
 lock can be taken exclusively belongs to a process that is gone: its counts are added to
@@ -25,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import mmap
 import os
 import secrets
@@ -48,6 +50,8 @@ _SLOTS = 8  # a new counter past the eighth needs a new file version (.v2.cnt)
 _FILE_BYTES = 8 * _SLOTS
 _SUFFIX = ".v1.cnt"
 _FORMAT = f"<{len(COUNTER_NAMES)}q"
+
+logger = logging.getLogger("fastload.storage")
 
 
 class ProcessCounters:
@@ -102,9 +106,25 @@ class NodeCounters:
         self.merge_dead()
 
     def open(self) -> ProcessCounters:
-        """A new counter file for the calling process."""
+        """A new counter file for the calling process, after folding in those of processes that
+        are gone (so a job whose workers start every epoch keeps a few files, not thousands)."""
+        self.merge_dead()
         name = f"{os.getpid()}.{secrets.token_hex(6)}{_SUFFIX}"
         return ProcessCounters(os.path.join(self.dir, name))
+
+    def open_or_warn(self) -> ProcessCounters | None:
+        """:meth:`open`, or None with a warning when the directory cannot take the file (a read
+        must never fail for its counters; the process then counts only for itself)."""
+        try:
+            return self.open()
+        except OSError as exc:
+            logger.warning(
+                "cache counters in %s cannot be kept (%s): node_stats() will miss pid %d",
+                self.dir,
+                exc,
+                os.getpid(),
+            )
+            return None
 
     def _files(self) -> Iterator[str]:
         with contextlib.suppress(FileNotFoundError):
@@ -126,9 +146,7 @@ class NodeCounters:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        lock_fd = os.open(
-            os.path.join(self.dir, "merge.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666
-        )
+        lock_fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
             yield

@@ -243,7 +243,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         fields=("__key__", "cls"),
     )
     store = ds.store
-    assert isinstance(store, CachingStore)
+    if not isinstance(store, CachingStore):
+        raise SystemExit(f"expected the dataset to read through a cache, got {store!r}")
     loader = fastload.DataLoader(ds, batch_size=args.batch_size, num_workers=args.workers)
     if args.resume is not None:
         loader.load_state_dict(json.loads(args.resume.read_text()))

@@ -9,6 +9,7 @@ import signal
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -123,3 +124,21 @@ def test_totals_are_the_sum_of_the_adds(
         files[which].add(name, n)
         expected[name] += n
     assert counters.totals() == expected
+
+
+def test_a_cache_directory_without_room_for_counters_still_serves_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    remote = make_remote(tmp_path / "remote")
+    cache = CachingStore(remote, tmp_path / "cache", "1MB")
+
+    def full(self: NodeCounters) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(NodeCounters, "open", full)
+    assert cache.get(KEYS[1])[:1] == b"\1"
+    assert cache.get(KEYS[1])[:1] == b"\1"
+    assert cache.stats()["misses"] == 1  # this process's counters still count
+    assert cache.stats()["hits"] == 1
+    assert "No space left on device" in caplog.text
+    assert cache.node_stats()["misses"] == 0  # the node's did not get them
