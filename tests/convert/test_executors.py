@@ -15,9 +15,9 @@ from fastload.convert._plan import PlanStream, ShardLayout
 from fastload.convert._pool import Executor, InProcess, Pool, ShardRecords, run_jobs
 from fastload.convert._progress import Progress
 from fastload.convert._worker import ShardJob
-from fastload.convert.sources import open_source
+from fastload.convert.sources import Source, open_source
 from fastload.formats import get_format
-from fastload.storage import open_store
+from fastload.storage import Store, open_store
 
 #: Shards a job may be planned ahead of the committed ones, per executor: in this process, the
 #: one being written and the one committing; a pool of two, per worker the one being written and
@@ -29,17 +29,23 @@ def _executor(kind: str) -> Executor:
     return InProcess() if kind == "in-process" else Pool(2, get_format("webdataset"))
 
 
+def _planned(tmp_path: Path, records: int) -> tuple[Source, Store, PlanStream]:
+    """A JSONL file of ``records`` records, its destination store, and its plan (shards of 5),
+    not yet cut."""
+    src = tmp_path / "src.jsonl"
+    src.write_text("".join(f'{{"i": {i}, "pad": "{"x" * (i % 90)}"}}\n' for i in range(records)))
+    source = open_source(str(src))
+    layout = ShardLayout("webdataset", "tar", "shard", 5, None)
+    units = source.plan_units(lambda item, reason: None)
+    plan = PlanStream(units, layout, source.describe(), {"shard_samples": 5})
+    return source, open_store(str(tmp_path / "out")), plan
+
+
 @pytest.mark.parametrize("kind", sorted(_AHEAD))
 def test_an_executor_writes_every_job_taking_them_as_it_has_room(
     tmp_path: Path, cv: Any, kind: str
 ) -> None:
-    src = tmp_path / "src.jsonl"
-    src.write_text("".join(f'{{"i": {i}, "pad": "{"x" * (i % 90)}"}}\n' for i in range(300)))
-    source = open_source(str(src))
-    dst = open_store(str(tmp_path / "out"))
-    layout = ShardLayout("webdataset", "tar", "shard", 5, None)
-    options = {"format": "webdataset", "shard_samples": 5}
-    plan = PlanStream(source.plan_units(lambda item, reason: None), layout, {"t": 1}, options)
+    source, dst, plan = _planned(tmp_path, 300)
     done_dir = tmp_path / "out" / "_fastload_convert" / "done"
     ahead: list[int] = []
 
@@ -68,12 +74,7 @@ def test_an_executor_writes_every_job_taking_them_as_it_has_room(
 def test_a_pool_stops_on_a_failing_plan_and_keeps_what_it_committed(
     tmp_path: Path,
 ) -> None:
-    src = tmp_path / "src.jsonl"
-    src.write_text("".join(f'{{"i": {i}}}\n' for i in range(100)))
-    source = open_source(str(src))
-    dst = open_store(str(tmp_path / "out"))
-    layout = ShardLayout("webdataset", "tar", "shard", 5, None)
-    plan = PlanStream(source.plan_units(lambda item, reason: None), layout, {"t": 1}, {})
+    source, dst, plan = _planned(tmp_path, 100)
 
     def jobs() -> Iterator[ShardJob]:
         for shard, units in plan:
