@@ -20,11 +20,10 @@ The steps (``fastload/convert/README.md`` has the user-facing version):
    manifest ``fastload.json`` **last**, then the state objects are deleted.
 
 Nothing written depends on time, worker count or scheduling, so an interrupted run (even by
-SIGKILL) resumed with the same command gives the same bytes as an uninterrupted one. What dead
-runs leave, and the lock a local destination is held by, are :class:`._guard.Guard`'s.
-The parts live beside this module: the plan (``_plan``), the destination's state (``_state``) and
-its lock (``_guard``), the workers (``_worker``) and their executors (``_pool``), the map hook
-(``_map``), running out of space (``_space``) and the result (``_results``).
+SIGKILL) resumed with the same command gives the same bytes as an uninterrupted one. The parts
+live beside this module: the plan (``_plan``), the destination's state (``_state``) and its lock
+and what dead runs leave (``_guard``), the workers (``_worker``) and their executors (``_pool``),
+the map hook (``_map``), running out of space (``_space``) and the result (``_results``).
 """
 
 from __future__ import annotations
@@ -260,6 +259,7 @@ def convert(
             guard.acquire()
         found = check_destination(dst_store, plan.head_sha256, overwrite=overwrite, prefix=prefix)
         shards: Iterator[tuple[ShardPlan, list[Unit]]] = itertools.chain([first], plan)
+        del first  # the chain alone holds its units, until they are written
         if found.needs_whole_plan:
             # The destination names a whole plan's hash (a manifest, or a conversion begun
             # before plans streamed): plan everything first, then enumerate again to write.
@@ -294,13 +294,14 @@ def convert(
                     source, dst_store, format_name, shard, units, map_fn, on_error, map_dir
                 )
 
-        feed = jobs()
-        ahead = list(itertools.islice(feed, 2))  # one job is written in this process
-        if pool is None and use_pool and len(ahead) > 1:
+        ahead = list(itertools.islice(feed := jobs(), 2))  # one job is written in this process
+        if (several := len(ahead) > 1) and pool is None and use_pool:
             pool = Pool(n_workers, fmt)
-        executor: Executor = pool if pool is not None and len(ahead) > 1 else InProcess()
+        executor: Executor = pool if pool is not None and several else InProcess()
+        feed = itertools.chain(ahead, feed)
+        del ahead  # the chain alone holds those two jobs, until they are written
         try:
-            run_jobs(executor, itertools.chain(ahead, feed), done, map_fn)
+            run_jobs(executor, feed, done, map_fn)
         finally:
             progress.close()
         check_leftovers(dst_store, found, plan.shards)
@@ -400,8 +401,7 @@ def _plan(
         "source_type": SOURCES.canonical(source.type_name),
     }
     layout = ShardLayout(format_name, fmt.extension, prefix, shard_samples, shard_size)
-    stream = PlanStream(units, layout, source.describe(), options, keep_units=keep_units)
-    return stream, replay
+    return PlanStream(units, layout, source.describe(), options, keep_units=keep_units), replay
 
 
 def _whole(

@@ -89,20 +89,20 @@ def valid_done(
     """
     try:
         record = json.loads(store.get(done_key(shard.name)))
-        digest = record.get("shard_sha256")
-        if digest is None:  # version 1
-            if whole_plan is None or record.get("plan_sha256") != whole_plan:
-                return None
-        elif digest != shard.digest:
-            raise _changed_since(store, shard.name)
+        digest, whole = record.get("shard_sha256"), record.get("plan_sha256")
+    except (FastloadError, OSError, ValueError, AttributeError):
+        return None
+    if digest is not None and digest != shard.digest:
+        raise _changed_since(store, shard.name)
+    if digest is None and (whole_plan is None or whole != whole_plan):  # version 1
+        return None
+    try:
         info = record["info"]
         if store.size(info["key"]) != info["num_bytes"]:
             return None
         if info.get("index_key") and not store.exists(info["index_key"]):
             return None
-    except (FastloadError, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        if isinstance(exc, DatasetExistsError):
-            raise
+    except (FastloadError, OSError, KeyError, TypeError):
         return None
     result: dict[str, Any] = record
     return result
