@@ -1,6 +1,6 @@
 """The growth study of issue 17: how each cost grows with the dataset, fitted as log-log slopes.
 
-Five series, each at two or three sizes, every measurement in a fresh child process
+Six series, each at two or three sizes, every measurement in a fresh child process
 (:func:`benchmarks._harness.run_child`), through the public API only, so that the same script
 measures the code as it is changed:
 
@@ -15,7 +15,11 @@ measures the code as it is changed:
 4. ``epoch-order``: ``EpochOrder`` construction time and ``tracemalloc`` peak against the
    samples (shards of 100,000);
 5. ``verify``: ``verify_dataset`` samples/s against the shard count (WebDataset shards of 10
-   samples; default workers).
+   samples; default workers);
+6. ``convert-first-shard``: seconds from the start of ``fastload convert`` of a JSONL file of N
+   small records (TFRecord, ``--shard-samples 10000 --workers 2``; the CLI in a grandchild) until
+   its first shard is committed (its done record is there), and the converting process's peak RSS
+   then; the conversion is then killed (the rest is not measured).
 
 For each series the table gives the figure at each size and the slope ``k`` between consecutive
 sizes, ``log(f2 / f1) / log(n2 / n1)``: 0 is flat, 1 linear in the size (for a rate, -1 means
@@ -105,6 +109,13 @@ SERIES = (
         (10**2, 10**3),
         (("samples_per_s", "samples/s"),),
     ),
+    Series(
+        "convert-first-shard",
+        "records",
+        (10**5, 10**6, 10**7),
+        (10**5, 10**6),
+        (("first_s", "1st shard s"), ("rss_mb", "RSS MB then")),
+    ),
 )
 
 
@@ -143,7 +154,7 @@ def _sixteen(i: int) -> str:
 def prepare(series: Series, n: int, quick: bool) -> list[str]:
     """The child's arguments for size ``n`` of ``series``, building its input when needed."""
     ROOT.mkdir(parents=True, exist_ok=True)
-    if series.name == "convert-dry-run":
+    if series.name in ("convert-dry-run", "convert-first-shard"):
         return [str(_jsonl(ROOT / f"records-{n}.jsonl", n, lambda i: f"record number {i}"))]
     if series.name == "epoch":
         shard, timed = (10_000, 50_000) if quick else (EPOCH_SHARD, EPOCH_SAMPLES)
@@ -175,6 +186,31 @@ def child_convert_dry_run(n: int, src: str) -> dict[str, Any]:
         return {"error": f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}"}
     peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
     return {"peak_rss_mb": peak_kib * 1024 / 1e6, "seconds": seconds}
+
+
+def child_convert_first_shard(n: int, src: str) -> dict[str, Any]:
+    out = ROOT / f"first-shard-out-{os.getpid()}"
+    cli = [sys.executable, "-m", "fastload.cli", "convert", src, str(out), "--quiet"]
+    options = ["--format", "tfrecord", "--shard-samples", "10000", "--workers", "2"]
+    done = out / "_fastload_convert" / "done"
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([*cli, *options], cwd=REPO, start_new_session=True)
+    first = rss = None
+    try:
+        while proc.poll() is None and first is None:
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+            rss = int(status.split("VmHWM:")[1].split()[0]) * 1024 / 1e6
+            if done.is_dir() and any(done.iterdir()):
+                first = time.perf_counter() - t0
+            time.sleep(0.005)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+        proc.wait()
+        subprocess.run(["rm", "-rf", str(out)], check=False)
+    if first is None:
+        return {"error": f"the conversion ended (exit {proc.returncode}) before a shard was done"}
+    return {"first_s": first, "rss_mb": rss}
 
 
 def child_epoch(n: int, root: str, timed: str) -> dict[str, Any]:
@@ -251,6 +287,7 @@ CHILDREN: dict[str, Callable[..., dict[str, Any]]] = {
     "state-dict": child_state_dict,
     "epoch-order": child_epoch_order,
     "verify": child_verify,
+    "convert-first-shard": child_convert_first_shard,
 }
 
 

@@ -2,59 +2,61 @@
 
 The steps (``fastload/convert/README.md`` has the user-facing version):
 
-1. **Plan** in the calling process: the source enumerates its samples in a fixed order, an optional
-   seeded permutation mixes them, and they are cut into shards by ``shard_samples`` and/or
-   ``shard_size``. The plan's SHA-256 covers the source, the content options and every sample
-   reference, so it identifies the result. Planning streams (see :mod:`._plan`): the plan keeps a
-   few numbers per shard, and the samples of a shard are enumerated again when it is written, so
-   memory is bounded by the number of shards, not of samples (a shuffled plan, and a source
-   whose enumeration is not cheap to repeat, keep their samples' references).
-2. **State**: ``_fastload_convert/plan.json`` is written (atomically) before any shard. A destination
-   holding another dataset (a manifest or a plan with a different hash) is refused with
-   :class:`~fastload.errors.DatasetExistsError` unless ``overwrite=True``.
-3. **Shards**: worker processes each write whole shards (disjoint by construction) through the
-   store's atomic streamed writer, so no partial shard is ever visible under its final name. After a
-   shard and its index are committed, the worker records ``_fastload_convert/done/<shard>.json``.
-   A re-run skips shards whose done record matches the plan and whose objects are present.
+1. **Plan** in the calling process, as the source is enumerated (:class:`._plan.PlanStream`):
+   samples in a fixed order (or a seeded permutation of all of them) are cut into shards by
+   ``shard_samples`` and/or ``shard_size`` and hashed; each shard's digest covers the plan up to
+   it, the last one the whole plan (the manifest's ``plan_sha256``). The plan keeps a few numbers
+   per shard and the units of the shards not yet handed out, so memory is bounded by the number
+   of shards, and the first shards are written while the source is still being enumerated.
+2. **State**, once the first shard is cut: ``_fastload_convert/plan.json`` (the source and
+   options) is written before any shard. A destination holding another dataset is refused with
+   :class:`~fastload.errors.DatasetExistsError` unless ``overwrite=True``; one holding a manifest
+   (or a state from before plans streamed) is compared with the whole plan, planned first.
+3. **Shards**: an executor (:mod:`._pool`: this process or worker processes) writes whole shards
+   through the store's atomic streamed writer, then records ``_fastload_convert/done/<shard>.json``
+   with the shard's digest. A re-run keeps a shard whose record has the digest the plan gives it
+   and whose objects are present, and refuses one recorded with another digest.
 4. **Finish**: the skip report ``_fastload_skipped.jsonl`` (if anything was skipped), then the
    manifest ``fastload.json`` **last**, then the state objects are deleted.
 
 Nothing written depends on time, worker count or scheduling, so an interrupted run (even by
-SIGKILL) resumed with the same command gives the same bytes as an uninterrupted one.
-
-**What dead runs leave** (see :class:`fastload.convert._guard.Guard`): on a local destination a
-run holds an ``flock`` on ``_fastload_convert/.fastload-tmp-convert.lock`` from the end of
-planning to its last write, so a second conversion into the same directory is refused while one
-is alive; holding it, a run removes the temporary files that killed runs left (which the store
-can tell from a live writer's: every writer locks its own). Worker processes die with the
-converting process (``PR_SET_PDEATHSIG`` on Linux), so nothing writes after it is gone.
-
-The parts live beside this module: the plan (``_plan``), the destination's state (``_state``) and
-its lock (``_guard``), the workers (``_worker``) and their pool (``_pool``), the map hook
-(``_map``), running out of space (``_space``) and the result (``_results``).
+SIGKILL) resumed with the same command gives the same bytes as an uninterrupted one. The parts
+live beside this module: the plan (``_plan``), the destination's state (``_state``) and its lock
+and what dead runs leave (``_guard``), the workers (``_worker``) and their executors (``_pool``),
+the map hook (``_map``), running out of space (``_space``) and the result (``_results``).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, Any
 
 from fastload._units import check_int
 from fastload._version import __version__
-from fastload.convert._guard import Guard
+from fastload.convert._guard import Guard, check_not_inside
 from fastload.convert._map import MapFn, map_name, resolve_map
 from fastload.convert._plan import (
     DEFAULT_SHARD_SIZE,
     ConversionPlan,
+    PlanStream,
     ShardLayout,
+    ShardPlan,
     parse_size,
     planned_units,
 )
-from fastload.convert._pool import Pool, ShardRecords, run_jobs, starts_before_planning
+from fastload.convert._pool import (
+    Executor,
+    InProcess,
+    Pool,
+    ShardRecords,
+    run_jobs,
+    starts_before_planning,
+)
 from fastload.convert._progress import Progress, WarningPrinter, plural
 from fastload.convert._results import (
     ConvertResult,
@@ -68,13 +70,15 @@ from fastload.convert._state import (
     PLAN_KEY,
     SKIPPED_KEY,
     check_destination,
+    check_leftovers,
+    check_whole_plan,
     clear_state,
     interrupted_note,
-    valid_done,
+    shards_to_write,
     write_plan,
 )
 from fastload.convert._worker import ShardJob
-from fastload.convert.sources import SOURCES, ConversionError, Source, open_source
+from fastload.convert.sources import SOURCES, ConversionError, Source, Unit, open_source
 from fastload.errors import InvalidArgumentError
 from fastload.formats import MANIFEST_NAME, Format, Manifest, ShardEntry, ShardInfo, get_format
 from fastload.formats._base import FORMATS, ErrorPolicy
@@ -87,6 +91,7 @@ __all__ = ["convert"]
 #: :class:`~fastload.formats._base.ErrorPolicy` but ``warn``, since every item left out is listed
 #: in the skip report rather than only logged.
 _ON_ERROR = ("raise", "skip")
+_KEPT = "each is kept if the plan still gives it the same samples"
 
 
 def convert(
@@ -190,7 +195,7 @@ def convert(
     pool: Pool | None = None
     guard: Guard | None = None
     dst_store: Store | None = None
-    plan: ConversionPlan | None = None  # for the message of an interruption
+    plan: PlanStream | None = None  # for the message of an interruption
     phase = "planning"
     interrupted: KeyboardInterrupt | None = None
     try:
@@ -198,7 +203,7 @@ def convert(
         warn = WarningPrinter(source.warnings, stream, quiet)
         warn()
         dst_store = open_store(dst, **dict(store_options or {}))
-        _check_not_inside(source, dst_store)
+        check_not_inside(source.store, source.keys is not None, dst_store)
         use_pool = (
             n_workers > 1
             and not dry_run
@@ -208,91 +213,103 @@ def convert(
         if use_pool and starts_before_planning():
             pool = Pool(n_workers, fmt)
 
-        # 1. plan
+        # 1. plan: shards are cut (and hashed) as the source is enumerated
         plan_skipped: list[SkippedItem] = []
-        plan = _plan(
+        plan, replay = _plan(
             source,
             fmt,
             format_name,
             on_error=on_error,
             skipped=plan_skipped,
-            warn=warn,
             shuffle=shuffle,
             seed=seed,
             prefix=prefix,
             shard_samples=shard_samples,
             shard_size=size_limit,
             map_fn=map_fn,
+            keep_units=not dry_run,
         )
-        progress = Progress(plan.num_samples, plan.est_bytes, quiet=quiet or dry_run, stream=stream)
         if dry_run:
+            whole = _whole(plan, replay, source, plan_skipped, warn)
             result = ConvertResult(
                 url=dst_store.url,
                 format=format_name,
-                num_samples=plan.num_samples,
-                num_shards=len(plan.shards),
-                num_bytes=plan.est_bytes,
+                num_samples=whole.num_samples,
+                num_shards=len(whole.shards),
+                num_bytes=whole.est_bytes,
                 skipped=plan_skipped,
                 dry_run=True,
-                plan_sha256=plan.sha256,
-                shard_names=[s.name for s in plan.shards],
+                plan_sha256=whole.sha256,
+                shard_names=[s.name for s in whole.shards],
                 elapsed=time.monotonic() - start,
             )
             add_source_facts(result, source)
             if not quiet:
-                print_dry_run(stream, source, plan.shards, result)
+                print_dry_run(stream, source, whole.shards, result)
             return result
+        first = next(plan, None)
+        warn()
+        if first is None:
+            raise _no_samples(source, plan_skipped)
+        progress = Progress(0, 0, quiet=quiet, stream=stream)
 
         # 2. destination state: ours alone from here on; what dead runs left goes
         guard = Guard(dst_store, format_name)
         with space_for(dst_store, PLAN_KEY):
             guard.acquire()
-        found = check_destination(dst_store, plan, overwrite=overwrite, prefix=prefix)
-        if isinstance(found, Manifest):
-            result = result_from_manifest(dst_store, found, plan.sha256, start, plan_skipped)
-            add_source_facts(result, source)
-            result.unchanged = True
-            progress.close()
-            if not quiet:
-                progress.message(result.summary())
-            return result
+        found = check_destination(dst_store, plan.head_sha256, overwrite=overwrite, prefix=prefix)
+        shards: Iterator[tuple[ShardPlan, list[Unit]]] = itertools.chain([first], plan)
+        del first  # the chain alone holds its units, until they are written
+        if found.needs_whole_plan:
+            # The destination names a whole plan's hash (a manifest, or a conversion begun
+            # before plans streamed): plan everything first, then enumerate again to write.
+            whole = _whole(plan, replay, source, plan_skipped, warn)
+            manifest = check_whole_plan(dst_store, found, whole.sha256)
+            if manifest is not None:
+                result = result_from_manifest(
+                    dst_store, manifest, whole.sha256, start, plan_skipped
+                )
+                add_source_facts(result, source)
+                result.unchanged = True
+                progress.close()
+                if not quiet:
+                    progress.message(result.summary())
+                return result
+            shards = whole.shard_units()
         guard.abort_uploads(prefix)
-        if not found:
-            write_plan(dst_store, plan)
-
-        # 3. shards
         phase = "writing"
-        records: dict[str, dict[str, Any]] = {}
-        if found:
-            for shard in plan.shards:
-                record = valid_done(dst_store, shard.name, plan.sha256)
-                if record is not None:
-                    records[shard.name] = record
-        resumed = len(records)
-        done = ShardRecords(records, progress)
-        if resumed and not quiet:
-            progress.message(
-                f"resuming: {resumed} of {plural(len(plan.shards), 'shard')} "
-                f"{'is' if resumed == 1 else 'are'} already done"
-            )
-        jobs = (
-            ShardJob(
-                source, dst_store, format_name, shard, units, map_fn, on_error, plan.sha256, map_dir
-            )
-            for shard, units in plan.shard_units()
-            if shard.name not in records
-        )
-        remaining = len(plan.shards) - resumed
-        if pool is None and use_pool and remaining > 1:
-            pool = Pool(min(n_workers, remaining), fmt)
+        if not found.resume:
+            write_plan(dst_store, plan.head_sha256, plan.source, plan.options)
+
+        # 3. shards, written as they are planned
+        done = ShardRecords(progress)
+        if found.done and not quiet:
+            n_done = plural(len(found.done), "shard")
+            progress.message(f"resuming: {n_done} recorded done by an earlier run ({_KEPT})")
+
+        def jobs() -> Iterator[ShardJob]:
+            for shard, units in shards_to_write(dst_store, shards, found, done.keep):
+                progress.planned(plan.num_samples, plan.est_bytes, complete=plan.complete)
+                yield ShardJob(
+                    source, dst_store, format_name, shard, units, map_fn, on_error, map_dir
+                )
+
+        ahead = list(itertools.islice(feed := jobs(), 2))  # one job is written in this process
+        if (several := len(ahead) > 1) and pool is None and use_pool:
+            pool = Pool(n_workers, fmt)
+        executor: Executor = pool if pool is not None and several else InProcess()
+        feed = itertools.chain(ahead, feed)
+        del ahead  # the chain alone holds those two jobs, until they are written
         try:
-            run_jobs(pool, jobs, remaining, done, map_fn)
+            run_jobs(executor, feed, done, map_fn)
         finally:
             progress.close()
+        check_leftovers(dst_store, found, plan.shards)
 
         # 4. finish: skip report, manifest (last), state cleanup
         phase = "finishing"
-        result = _finish(dst_store, source, plan, records, plan_skipped, start, resumed)
+        whole = plan.finish(replay)
+        result = _finish(dst_store, source, whole, done.records, plan_skipped, start, done.resumed)
         add_source_facts(result, source)
         if not quiet:
             progress.message(result.summary())
@@ -314,8 +331,9 @@ def convert(
             if guard is not None:
                 guard.release()
             if interrupted is not None:
-                shards = plan.shards if plan is not None and phase != "planning" else None
-                text = interrupted_note(dst_store, shards, phase)
+                shards_so_far = plan.shards if plan is not None and phase != "planning" else None
+                complete = plan is not None and plan.complete
+                text = interrupted_note(dst_store, shards_so_far, phase, complete)
                 interrupted.add_note(text)
                 if not quiet:
                     stream.write(f"fastload convert: {text}\n")
@@ -348,21 +366,18 @@ def _plan(
     *,
     on_error: str,
     skipped: list[SkippedItem],
-    warn: WarningPrinter,
     shuffle: bool,
     seed: int,
     prefix: str,
     shard_samples: int | None,
     shard_size: int | None,
     map_fn: str | MapFn | None,
-) -> ConversionPlan:
-    """Plan the conversion of ``source``: its samples in order (shuffled if asked), cut into
-    shards, and the plan's hash. Items that cannot be planned raise under ``on_error="raise"``,
-    else go to ``skipped``.
-
-    Raises:
-        InvalidArgumentError: The source has no sample.
-        ConversionError: An item cannot be planned and ``on_error="raise"``.
+    keep_units: bool,
+) -> tuple[PlanStream, Callable[[], Iterable[Unit]]]:
+    """Plan the conversion of ``source`` as it is enumerated: its samples in order (shuffled if
+    asked) cut into shards, each shard given with its units (if ``keep_units``) as soon as it is
+    cut; and how to enumerate the units again. Items that cannot be planned raise (as the stream
+    reaches them) under ``on_error="raise"``, else go to ``skipped``.
     """
 
     def report(item: str, reason: str) -> None:
@@ -386,19 +401,35 @@ def _plan(
         "source_type": SOURCES.canonical(source.type_name),
     }
     layout = ShardLayout(format_name, fmt.extension, prefix, shard_samples, shard_size)
-    plan = ConversionPlan.build(units, layout, source.describe(), options, replay)
+    return PlanStream(units, layout, source.describe(), options, keep_units=keep_units), replay
+
+
+def _whole(
+    plan: PlanStream,
+    replay: Callable[[], Iterable[Unit]],
+    source: Source,
+    skipped: list[SkippedItem],
+    warn: WarningPrinter,
+) -> ConversionPlan:
+    """The rest of ``plan`` cut, and the whole plan.
+
+    Raises:
+        InvalidArgumentError: The source has no sample.
+        ConversionError: An item cannot be planned and ``on_error="raise"``.
+    """
+    whole = plan.finish(replay)
     warn()
-    if not plan.shards:
-        raise InvalidArgumentError(
-            f"no samples to convert in {source.store.url} (source type {source.type_name}"
-            + (
-                f"; {plural(len(skipped), 'item')} skipped, see the reasons above"
-                if skipped
-                else ""
-            )
-            + "); check the path and --source-type"
-        )
-    return plan
+    if not whole.shards:
+        raise _no_samples(source, skipped)
+    return whole
+
+
+def _no_samples(source: Source, skipped: list[SkippedItem]) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"no samples to convert in {source.store.url} (source type {source.type_name}"
+        + (f"; {plural(len(skipped), 'item')} skipped, see the reasons above" if skipped else "")
+        + "); check the path and --source-type"
+    )
 
 
 def _finish(
@@ -467,17 +498,3 @@ def _finish(
         elapsed=time.monotonic() - start,
         resumed_shards=resumed,
     )
-
-
-def _check_not_inside(source: Source, dst: Store) -> None:
-    """Refuse a local destination inside the local source directory (it would become input)."""
-    src_root = getattr(source.store, "root", None)
-    dst_root = getattr(dst, "root", None)
-    if not isinstance(src_root, str) or not isinstance(dst_root, str) or source.keys is not None:
-        return
-    src_real, dst_real = os.path.realpath(src_root), os.path.realpath(dst_root)
-    if dst_real == src_real or dst_real.startswith(src_real.rstrip(os.sep) + os.sep):
-        raise InvalidArgumentError(
-            f"the destination {dst.url} is inside the source {source.store.url}; the shards would "
-            "become part of the input. Choose a destination outside the source directory"
-        )

@@ -14,13 +14,18 @@ import socket
 import time
 
 from fastload.convert._state import DONE_PREFIX, SKIPPED_KEY, STATE_PREFIX
-from fastload.errors import DatasetExistsError, StoreError, StorePermissionError
+from fastload.errors import (
+    DatasetExistsError,
+    InvalidArgumentError,
+    StoreError,
+    StorePermissionError,
+)
 from fastload.formats import MANIFEST_NAME
 from fastload.storage import LocalStore, Store
 from fastload.storage._local import remove_stale_temporaries
 from fastload.storage._wrapper import WrapperStore
 
-__all__ = ["LOCK_WAIT", "Guard"]
+__all__ = ["LOCK_WAIT", "Guard", "check_not_inside"]
 
 #: The lock file in the state directory. Its name is one of a local store's temporary names, so
 #: the store never lists it as an object (nor lets a key name it).
@@ -173,3 +178,22 @@ def _read_holder(fd: int) -> str:
         return os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
     except OSError:
         return ""
+
+
+def check_not_inside(src: Store, one_file: bool, dst: Store) -> None:
+    """Refuse a local destination inside the local source directory ``src`` (it would become
+    input), unless the source is given as its files (``one_file``).
+
+    Raises:
+        InvalidArgumentError: ``dst`` is ``src`` or inside it.
+    """
+    src_root = getattr(src, "root", None)
+    dst_root = getattr(dst, "root", None)
+    if not isinstance(src_root, str) or not isinstance(dst_root, str) or one_file:
+        return
+    src_real, dst_real = os.path.realpath(src_root), os.path.realpath(dst_root)
+    if dst_real == src_real or dst_real.startswith(src_real.rstrip(os.sep) + os.sep):
+        raise InvalidArgumentError(
+            f"the destination {dst.url} is inside the source {src.url}; the shards would "
+            "become part of the input. Choose a destination outside the source directory"
+        )

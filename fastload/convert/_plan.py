@@ -3,10 +3,15 @@
 Everything here is a pure function of the source's units and the options, so the same input and
 options give the same shards whatever the number of workers, and a re-run can recognise its plan.
 
-Planning streams: :func:`shard_starts` cuts shards as the units come and :class:`PlanHash` hashes
-them as they go, so a plan keeps one small :class:`ShardPlan` per shard and no unit. The units of a shard are enumerated again when it is written
-(:meth:`ConversionPlan.shard_units`), and checked against the plan's running hash, so a source
-that changed in between is an error, never a shard that differs from its plan.
+Planning streams: :class:`PlanStream` cuts shards as the units come (:func:`shard_starts`) and
+hashes them as they go (:class:`PlanHash`), giving each shard with its units as soon as it is cut,
+so a conversion writes its first shards while the source is still being enumerated and keeps one
+small :class:`ShardPlan` per shard. Each shard's digest is the plan's hash up to and including it,
+which is what a resumed run checks a finished shard against. Where a whole plan is needed first
+(:class:`ConversionPlan`: a dry run, a destination that names a whole plan's hash), the units are
+enumerated again to be written (:meth:`ConversionPlan.shard_units`) and checked against the
+plan's running hash, so a source that changed in between is an error, never a shard that differs
+from its plan.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ __all__ = [
     "DEFAULT_SHARD_SIZE",
     "ConversionPlan",
     "PlanHash",
+    "PlanStream",
     "ShardLayout",
     "ShardPlan",
     "estimate_sample_bytes",
@@ -77,15 +83,24 @@ def planned_units(
     ``shuffle``), and how to enumerate them again to write the shards.
 
     A :attr:`~Source.replannable` source in its own order streams twice (the second enumeration
-    reports nothing again: the first reported, or raised); otherwise the units are kept.
+    reports nothing again: the first reported, or raised); otherwise the units are kept as they
+    come (all of them first when shuffled), for the second enumeration, which may only begin
+    once the first is over.
     """
     units = source.plan_units(report)
     if source.replannable and not shuffle:
         return units, lambda: source.plan_units(_already_reported)
-    kept = list(units)
     if shuffle:
-        kept = shuffle_units(kept, seed)
-    return kept, lambda: kept
+        shuffled = shuffle_units(list(units), seed)
+        return shuffled, lambda: shuffled
+    kept: list[Unit] = []
+
+    def keeping() -> Iterator[Unit]:
+        for unit in units:
+            kept.append(unit)
+            yield unit
+
+    return keeping(), lambda: kept
 
 
 def _already_reported(item: str, reason: str) -> None:
@@ -160,9 +175,10 @@ class PlanHash:
     def __init__(self, source: Mapping[str, Any], options: Mapping[str, Any]) -> None:
         self._sha = hashlib.sha256()
         head = {"source": source, "options": options}
-        self._sha.update(
-            json.dumps(head, sort_keys=True, separators=(",", ":"), default=str).encode()
-        )
+        head_bytes = json.dumps(head, sort_keys=True, separators=(",", ":"), default=str).encode()
+        self._sha.update(head_bytes)
+        #: SHA-256 of the head alone: the source and options, before any unit.
+        self.head_sha256 = hashlib.sha256(head_bytes).hexdigest()
         # One encoder for all units (json.dumps with options builds a new one per call).
         self._encode = json.JSONEncoder(separators=(",", ":")).encode
         self._lines: list[str] = []
@@ -187,6 +203,100 @@ class PlanHash:
         return self._sha.hexdigest()
 
 
+class PlanStream:
+    """A plan cut and hashed as its units come: iterating it gives each shard, with its units,
+    as soon as the shard is closed (when the next shard's first unit, or the end, is seen).
+
+    Keeps the :class:`ShardPlan` of every shard cut so far (a few numbers each) and the units of
+    the shard being cut (none with ``keep_units=False``), never more, so a conversion can write
+    shards while the rest of the source is still being enumerated. Each shard's
+    :attr:`ShardPlan.digest` covers the plan up to and including it; after the last shard,
+    :attr:`sha256` is the whole plan's :class:`PlanHash` (the same bytes hashed as when a plan
+    was made whole before writing). Used from one thread.
+
+    Args:
+        units: The units in their final order (see :func:`planned_units`).
+        layout: How they are cut into shards.
+        source: How the source is identified (:meth:`Source.describe`).
+        options: The options that shape the content.
+        keep_units: Give each shard's units (else an empty list, for a plan only counted).
+    """
+
+    def __init__(
+        self,
+        units: Iterable[Unit],
+        layout: ShardLayout,
+        source: dict[str, Any],
+        options: dict[str, Any],
+        *,
+        keep_units: bool = True,
+    ) -> None:
+        self.layout, self.source, self.options = layout, source, options
+        self._hasher = PlanHash(source, options)
+        #: SHA-256 of the plan's head (source and options): what a resumed run checks first.
+        self.head_sha256 = self._hasher.head_sha256
+        #: The shards cut so far, in dataset order.
+        self.shards: list[ShardPlan] = []
+        #: The whole plan's hash, once the last shard is cut (``None`` until then).
+        self.sha256: str | None = None
+        #: Samples and estimated bytes of the shards cut so far.
+        self.num_samples = self.est_bytes = 0
+        self._cut = self._shards(units, keep_units)
+
+    def __iter__(self) -> Iterator[tuple[ShardPlan, list[Unit]]]:
+        return self
+
+    def __next__(self) -> tuple[ShardPlan, list[Unit]]:
+        return next(self._cut)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every shard is cut (the source fully enumerated)."""
+        return self.sha256 is not None
+
+    def finish(self, replay: Callable[[], Iterable[Unit]]) -> ConversionPlan:
+        """Cut the remaining shards (their units are dropped) and return the whole plan, whose
+        units ``replay`` enumerates again."""
+        for _ in self._cut:
+            pass
+        assert self.sha256 is not None  # the generator has run to its end
+        return ConversionPlan(
+            self.shards, self.source, self.options, self.sha256, self.layout, replay
+        )
+
+    def _shards(
+        self, units: Iterable[Unit], keep_units: bool
+    ) -> Iterator[tuple[ShardPlan, list[Unit]]]:
+        hasher, layout = self._hasher, self.layout
+        name, count, size = "", 0, 0
+        batch: list[Unit] = []
+
+        def close() -> tuple[ShardPlan, list[Unit]]:
+            shard = ShardPlan(len(self.shards), name, count, size, hasher.hexdigest())
+            self.shards.append(shard)
+            self.num_samples += count
+            self.est_bytes += size
+            return shard, batch
+
+        for unit, est, first in shard_starts(units, layout):
+            if first:
+                if count:
+                    yield close()
+                name = shard_name(layout.prefix, len(self.shards), layout.extension)
+                count, size, batch = 0, 0, []
+                hasher.shard(name)
+            hasher.add(unit)
+            if keep_units:
+                batch.append(unit)
+            count += 1
+            size += est
+        # Complete before the last shard is given: nothing is hashed after it.
+        last = close() if count else None
+        self.sha256 = hasher.hexdigest()
+        if last is not None:
+            yield last
+
+
 @dataclass(frozen=True)
 class ConversionPlan:
     """A whole planned conversion: its shards, what identifies it, and how to get their units.
@@ -207,37 +317,6 @@ class ConversionPlan:
     layout: ShardLayout
     units: Callable[[], Iterable[Unit]]
 
-    @classmethod
-    def build(
-        cls,
-        units: Iterable[Unit],
-        layout: ShardLayout,
-        source: dict[str, Any],
-        options: dict[str, Any],
-        replay: Callable[[], Iterable[Unit]],
-    ) -> ConversionPlan:
-        """Plan ``units`` as they come, keeping none of them; ``replay`` enumerates the same units
-        again when the shards are written."""
-        hasher = PlanHash(source, options)
-        shards: list[ShardPlan] = []
-        name, count, size = "", 0, 0
-
-        def close() -> None:
-            shards.append(ShardPlan(len(shards), name, count, size, hasher.hexdigest()))
-
-        for unit, est, first in shard_starts(units, layout):
-            if first:
-                if count:
-                    close()
-                name, count, size = shard_name(layout.prefix, len(shards), layout.extension), 0, 0
-                hasher.shard(name)
-            hasher.add(unit)
-            count += 1
-            size += est
-        if count:
-            close()
-        return cls(shards, source, options, hasher.hexdigest(), layout, replay)
-
     @property
     def num_samples(self) -> int:
         """Samples planned, in all shards."""
@@ -255,29 +334,14 @@ class ConversionPlan:
             ConversionError: The source no longer gives the planned units (it changed since it
                 was planned); the shard that differs is not given.
         """
-        hasher = PlanHash(self.source, self.options)
         planned = iter(self.shards)
-        shard: ShardPlan | None = None
-        units: list[Unit] = []
-
-        def checked(shard: ShardPlan) -> tuple[ShardPlan, list[Unit]]:
-            if hasher.hexdigest() != shard.digest:
-                raise _changed(shard.name)
-            return shard, units
-
-        for unit, _, first in shard_starts(self.units(), self.layout):
-            if first:
-                if shard is not None:
-                    yield checked(shard)
-                    units = []
-                shard = next(planned, None)
-                if shard is None:
-                    raise _changed(f"after {self.shards[-1].name}")
-                hasher.shard(shard.name)
-            hasher.add(unit)
-            units.append(unit)
-        if shard is not None:
-            yield checked(shard)
+        for shard, units in PlanStream(self.units(), self.layout, self.source, self.options):
+            expected = next(planned, None)
+            if expected is None:
+                raise _changed(f"after {self.shards[-1].name}")
+            if shard.digest != expected.digest:
+                raise _changed(expected.name)
+            yield expected, units
         missing = next(planned, None)
         if missing is not None:
             raise _changed(missing.name)

@@ -1,12 +1,19 @@
-"""Running shard jobs: in the converting process, or in a pool of worker processes.
+"""Running shard jobs: the :class:`Executor` interface, in this process or in worker processes.
 
-:func:`run_jobs` writes a conversion's remaining shards, feeding their done records to a
-:class:`ShardRecords` (and its progress line) as they come. One job, or no pool, runs in this
-process (:func:`fastload.convert._worker.write_shards`). Otherwise :class:`Pool`'s workers each
-run :func:`fastload.convert._worker.run_worker`, which takes jobs from a shared queue in plan
-order; the first failure stops them all after the shard each is writing. The jobs are made (their
-units enumerated) as the queue drains, a few per worker ahead, so the converting process holds a
-few shards' units at a time, never the whole plan's.
+An :class:`Executor` writes a conversion's shard jobs and feeds their done records to a
+:class:`ShardRecords` (and its progress line) as they are committed. The jobs come from an
+iterator that plans them as it is advanced (the converting process enumerates the source and
+cuts the next shard when a job is taken), so an executor takes a job only when it has room for
+it: :class:`InProcess` one at a time (:func:`fastload.convert._worker.write_shards`), the
+:class:`Pool` a few per worker ahead of the shards being written. The converting process thus
+holds a few shards' units at a time, never the whole plan's, and the first shards are written
+while the source is still being enumerated. :func:`run_jobs` runs them with the executor given.
+
+:class:`Pool`'s workers each run :func:`fastload.convert._worker.run_worker`, which takes jobs
+from a shared queue in plan order; the first failure stops them all after the shard each is
+writing. Another engine (a cluster's tasks) is another :class:`Executor`: it must write each job's
+shard with :func:`fastload.convert._worker.write_shards` (the shard, its index, then its done
+record), report the records and progress, and stop on :meth:`Executor.shutdown`.
 """
 
 from __future__ import annotations
@@ -17,7 +24,8 @@ import os
 import pickle
 import sys
 import threading
-from collections.abc import Iterable
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -29,27 +37,41 @@ from fastload.convert._worker import Counters, ShardJob
 from fastload.errors import InvalidArgumentError, WorkerError
 from fastload.formats import Format, get_format
 
-__all__ = ["Pool", "ShardRecords", "pool_context", "run_jobs", "starts_before_planning"]
+__all__ = [
+    "Executor",
+    "InProcess",
+    "Pool",
+    "ShardRecords",
+    "pool_context",
+    "run_jobs",
+    "starts_before_planning",
+]
 
 
 class ShardRecords:
     """The done records of a conversion's shards by name, and the progress line they feed.
 
     Args:
-        records: The records of the shards already done (from an earlier run); filled in place.
-        progress: The progress line, which counts these shards as done from the start.
+        progress: The progress line.
     """
 
-    def __init__(self, records: dict[str, dict[str, Any]], progress: Progress) -> None:
-        self.records = records
+    def __init__(self, progress: Progress) -> None:
+        self.records: dict[str, dict[str, Any]] = {}
         self.progress = progress
-        self.base_samples = sum(r["info"]["num_samples"] for r in records.values())
-        self.base_bytes = sum(r["info"]["num_bytes"] for r in records.values())
-        progress.update(self.base_samples, self.base_bytes)
+        #: Shards kept from an earlier run.
+        self.resumed = 0
+        self.base_samples = self.base_bytes = 0
 
     def add(self, record: dict[str, Any]) -> None:
         """Record a shard just committed."""
         self.records[record["shard"]] = record
+
+    def keep(self, record: dict[str, Any]) -> None:
+        """Record a shard an earlier run committed (counted as done from now on)."""
+        self.records[record["shard"]] = record
+        self.resumed += 1
+        self.base_samples += record["info"]["num_samples"]
+        self.base_bytes += record["info"]["num_bytes"]
 
     def show(self, counters: Counters) -> None:
         """Update the progress line with what the running jobs have written so far."""
@@ -89,7 +111,45 @@ def starts_before_planning() -> bool:
     return pool_context().get_start_method() != "fork"
 
 
-class Pool:
+class Executor(ABC):
+    """Runs shard jobs: what a conversion needs from the engine that writes its shards.
+
+    Every executor writes the same bytes: a shard's content depends only on its job.
+    """
+
+    @abstractmethod
+    def run(self, jobs: Iterator[ShardJob], done: ShardRecords) -> None:
+        """Write the shard of every job of ``jobs`` and return when all are committed.
+
+        ``jobs`` is advanced in the calling thread, in plan order, and only when there is room
+        for another job (advancing it plans the next shard: it may enumerate the source, and
+        may raise). Each done record goes to ``done.add`` as its shard is committed, and the
+        progress line is updated meanwhile (:meth:`ShardRecords.show`). On the first failure
+        (of a job, or of ``jobs``) the jobs being written are stopped after their shard and the
+        error is raised; committed shards stay (a re-run resumes).
+        """
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Cancel: stop after the shards being written (and committed), and wait for that.
+        Idempotent; the executor runs nothing afterwards."""
+
+
+class InProcess(Executor):
+    """Writes the jobs one after the other in the calling process (a commit thread overlaps
+    each shard's commit with the next shard's writing)."""
+
+    def run(self, jobs: Iterator[ShardJob], done: ShardRecords) -> None:
+        counters = Counters()
+        with _worker.counting(counters):
+            for record in _worker.write_shards(jobs, lambda: done.show(counters)):
+                done.add(record)
+
+    def shutdown(self) -> None:
+        """Nothing to stop: the jobs run in the caller's thread."""
+
+
+class Pool(Executor):
     """Worker processes for shard jobs (see :func:`pool_context` for the start method; a
     forkserver preloads the conversion and format writer modules).
 
@@ -145,22 +205,17 @@ class Pool:
         self.executor.shutdown(wait=True, cancel_futures=True)
         self.jobs.close()
 
+    def run(self, jobs: Iterator[ShardJob], done: ShardRecords) -> None:
+        _run_pool(self, jobs, done)
+
 
 def run_jobs(
-    pool: Pool | None,
-    jobs: Iterable[ShardJob],
-    count: int,
-    done: ShardRecords,
-    map_fn: str | MapFn | None,
+    executor: Executor, jobs: Iterable[ShardJob], done: ShardRecords, map_fn: str | MapFn | None
 ) -> None:
-    """Write the shards of the ``count`` ``jobs`` (made as they are taken), in ``pool`` when there
-    is one and more than one job."""
-    if pool is None or count <= 1:
-        _run_in_process(jobs, done)
-        return
-    if map_fn is not None and not isinstance(map_fn, str):
+    """Write the shards of ``jobs`` (planned as they are taken) with ``executor``."""
+    if isinstance(executor, Pool) and map_fn is not None and not isinstance(map_fn, str):
         _check_picklable(map_fn)
-    _run_pool(pool, jobs, done)
+    executor.run(iter(jobs), done)
 
 
 def _check_picklable(map_fn: MapFn) -> None:
@@ -173,15 +228,7 @@ def _check_picklable(map_fn: MapFn) -> None:
         ) from exc
 
 
-def _run_in_process(jobs: Iterable[ShardJob], done: ShardRecords) -> None:
-    counters = Counters()
-    with _worker.counting(counters):
-        for record in _worker.write_shards(iter(jobs), lambda: done.show(counters)):
-            done.add(record)
-
-
-def _run_pool(pool: Pool, jobs: Iterable[ShardJob], done: ShardRecords) -> None:
-    feed = iter(jobs)
+def _run_pool(pool: Pool, feed: Iterator[ShardJob], done: ShardRecords) -> None:
     fed: list[str] = []  # the names of the shards queued
 
     def top_up() -> bool:

@@ -55,6 +55,8 @@ class Progress:
         interval: float = 10.0,
     ) -> None:
         self.total_samples, self.total_bytes = total_samples, total_bytes
+        #: Whether the totals are final (see :meth:`planned`).
+        self.complete = True
         self.quiet, self.interval = quiet, interval
         self.stream = stream if stream is not None else sys.stderr
         self.samples = 0
@@ -77,6 +79,14 @@ class Progress:
                 desc="converting",
                 dynamic_ncols=True,
             )
+
+    def planned(self, samples: int, nbytes: int, *, complete: bool) -> None:
+        """Set the totals planned so far; ``complete``: the plan is whole (until then the
+        percentage and ETA are unknown)."""
+        self.total_samples, self.total_bytes, self.complete = samples, nbytes, complete
+        if self._bar is not None and self._bar.total != samples:
+            self._bar.total = samples
+            self._bar.refresh()
 
     def update(self, samples: int, nbytes: int) -> None:
         """Set the absolute totals converted so far (monotonic)."""
@@ -102,9 +112,10 @@ class Progress:
         rate = self.samples / elapsed
         pct = 100.0 * self.samples / self.total_samples if self.total_samples else 100.0
         eta = (self.total_samples - self.samples) / rate if rate > 0 else float("nan")
-        eta_text = format_duration(eta) if eta == eta else "?"
+        eta_text = format_duration(eta) if eta == eta and self.complete else "?"
+        done = f"{pct:.1f}%" if self.complete else "planning"
         return (
-            f"fastload convert: {self.samples}/{self.total_samples} samples ({pct:.1f}%), "
+            f"fastload convert: {self.samples}/{self.total_samples} samples ({done}), "
             f"{rate:.0f} samples/s, {self.bytes / elapsed / 1e6:.1f} MB/s, ETA {eta_text}"
         )
 

@@ -67,7 +67,6 @@ class ShardJob:
     units: list[Unit]
     map_spec: str | MapFn | None
     on_error: str
-    plan_sha256: str
     #: Where ``map_spec``'s module is also looked for (the directory ``convert`` was called in).
     map_dir: str | None = None
 
@@ -284,7 +283,7 @@ def commit_shard(written: Written) -> dict[str, Any]:
         raise_if_no_space(exc, job.dst, job.shard)
         raise
     record = {
-        "plan_sha256": job.plan_sha256,
+        "shard_sha256": job.shard.digest,
         "shard": job.shard.name,
         "info": {
             "key": info.key,

@@ -205,6 +205,46 @@ def test_sigkill_mid_shard_then_rerun_leaves_exactly_the_dataset(
     assert _tree(dst) == _tree(ref)
 
 
+@pytest.fixture(scope="module")
+def jsonl_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three JSONL files of 40 records: 30 shards of 4, planned as they are written."""
+    root = tmp_path_factory.mktemp("jsonl") / "records"
+    root.mkdir()
+    for f in range(3):
+        lines = [json.dumps({"i": f * 40 + i, "txt": "r" * (i * 7 % 50)}) for i in range(40)]
+        (root / f"part-{f}.jsonl").write_text("\n".join(lines) + "\n")
+    return root
+
+
+@pytest.mark.parametrize("point", ["plan", "1", "4", "9"])
+def test_sigkill_while_the_plan_streams_then_rerun_is_byte_identical(
+    tmp_path: Path, jsonl_corpus: Path, hook_env: dict[str, str], point: str
+) -> None:
+    """A JSONL conversion killed once its ``plan.json`` is written, or while a shard is written
+    after 1, 4 or 9 of its 30 shards are done (the plan, a few shards ahead of the writing, is not
+    whole yet), re-run: exactly the dataset of an uninterrupted run."""
+    args = [*_args("webdataset", "slower"), "--on-error", "skip"]
+    ref = tmp_path / "ref"
+    subprocess.run([*CLI, str(jsonl_corpus), str(ref), *args], env=hook_env, check=True)
+    assert len([n for n in os.listdir(ref) if n.endswith(".tar")]) == 30
+    dst = tmp_path / "dst"
+    proc = subprocess.Popen([*CLI, str(jsonl_corpus), str(dst), *args], env=hook_env)
+    if point == "plan":
+        ready: Callable[[], bool] = (dst / STATE / "plan.json").exists
+    else:
+        ready = _writing_shard(dst, int(point))
+    workers = _kill_when(proc, ready, f"the kill point {point}")
+    _assert_workers_gone(workers)
+    assert not (dst / "fastload.json").exists()
+    done = len(os.listdir(dst / STATE / "done")) if (dst / STATE / "done").is_dir() else 0
+    assert done < 30
+    rerun = subprocess.run(
+        [*CLI, str(jsonl_corpus), str(dst), *args], env=hook_env, capture_output=True
+    )
+    assert rerun.returncode == 0, rerun.stderr.decode()
+    assert _tree(dst) == _tree(ref)
+
+
 _DEAD_WRITERS = textwrap.dedent(
     """
     import os, signal, sys

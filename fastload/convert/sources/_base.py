@@ -6,8 +6,10 @@ A :class:`Source` does two things:
   position in the file) into :class:`Unit` records, one per sample. A unit is small, picklable and
   JSON-able; it carries an estimate of the sample's bytes so the planner can cut shards by size.
   Record sources (JSONL, text, CSV, Parquet, shards) make one cheap pass here over the records.
-  Where that pass is cheap to repeat (:attr:`Source.replannable`), the units stream: the
-  conversion plans from one pass and writes from a second, and never holds them all.
+  The conversion cuts shards from the units as they come and writes each shard as it is cut.
+  Where that pass is cheap to repeat (:attr:`Source.replannable`), a conversion that must plan
+  everything first (see ``fastload/convert/README.md``) enumerates again to write, and never holds
+  every unit; other sources' units are then kept.
 * :meth:`Source.read_units` turns a list of units back into samples, in the order given, in a worker
   process. Each unit yields either a sample ``{"__key__": str, field: bytes}`` or the exception that
   made it unreadable, so the caller applies the ``on_error`` policy per item.
@@ -218,8 +220,9 @@ class Source(ABC):
     @property
     def replannable(self) -> bool:
         """Whether :meth:`plan_units` streams its units and is cheap to run again (one pass over
-        the records, no state kept across it), so that a conversion runs it twice rather than
-        keep every unit. Otherwise its units are kept from the one planning pass."""
+        the records, no state kept across it), so that a conversion that must plan everything
+        before writing runs it twice rather than keep every unit. Otherwise its units are kept
+        as the one planning pass gives them."""
         return False
 
     @abstractmethod
