@@ -68,11 +68,14 @@ from fastload.convert._state import (
     PLAN_KEY,
     SKIPPED_KEY,
     check_destination,
+    check_not_inside,
     clear_state,
     interrupted_note,
     valid_done,
     write_plan,
 )
+from fastload.convert._token_blocks import check_text_field, token_metadata
+from fastload.convert._tokenizer import TokenFn, Tokenize, TokenizerSpec, resolve_tokenizer
 from fastload.convert._worker import ShardJob
 from fastload.convert.sources import SOURCES, ConversionError, Source, open_source
 from fastload.errors import InvalidArgumentError
@@ -109,6 +112,7 @@ def convert(
     store_options: Mapping[str, Any] | None = None,
     source_options: Mapping[str, Any] | None = None,
     progress_stream: IO[str] | None = None,
+    tokenize: str | TokenFn | Tokenize | None = None,
 ) -> ConvertResult:
     """Convert a corpus into a sharded dataset with a ``fastload.json`` manifest.
 
@@ -151,6 +155,9 @@ def convert(
         store_options: Options for the destination store (e.g. ``endpoint_url``).
         source_options: Options for the source store.
         progress_stream: Where progress and the summary go (default ``sys.stderr``).
+        tokenize: Make a token dataset (README "Token datasets"; the samples are blocks of ids,
+            :mod:`fastload.formats.tokens`): a :class:`Tokenize`, or its tokenizer alone (a
+            ``tokenizer.json`` path, ``"module:function"`` or ``"byte"``).
 
     Returns:
         A :class:`ConvertResult`.
@@ -197,8 +204,11 @@ def convert(
         source = open_source(src, source_type=source_type, store_options=source_options)
         warn = WarningPrinter(source.warnings, stream, quiet)
         warn()
+        spec = None
+        if tokenize is not None:
+            spec = resolve_tokenizer(tokenize, SOURCES.canonical(source.type_name), os.getcwd())
         dst_store = open_store(dst, **dict(store_options or {}))
-        _check_not_inside(source, dst_store)
+        check_not_inside(source, dst_store)
         use_pool = (
             n_workers > 1
             and not dry_run
@@ -223,7 +233,10 @@ def convert(
             shard_samples=shard_samples,
             shard_size=size_limit,
             map_fn=map_fn,
+            tokenize=spec,
         )
+        if spec is not None and on_error == "raise":
+            check_text_field(source, plan.units(), spec)
         progress = Progress(plan.num_samples, plan.est_bytes, quiet=quiet or dry_run, stream=stream)
         if dry_run:
             result = ConvertResult(
@@ -277,7 +290,16 @@ def convert(
             )
         jobs = (
             ShardJob(
-                source, dst_store, format_name, shard, units, map_fn, on_error, plan.sha256, map_dir
+                source,
+                dst_store,
+                format_name,
+                shard,
+                units,
+                map_fn,
+                on_error,
+                plan.sha256,
+                map_dir,
+                spec,
             )
             for shard, units in plan.shard_units()
             if shard.name not in records
@@ -355,6 +377,7 @@ def _plan(
     shard_samples: int | None,
     shard_size: int | None,
     map_fn: str | MapFn | None,
+    tokenize: TokenizerSpec | None,
 ) -> ConversionPlan:
     """Plan the conversion of ``source``: its samples in order (shuffled if asked), cut into
     shards, and the plan's hash. Items that cannot be planned raise under ``on_error="raise"``,
@@ -375,7 +398,7 @@ def _plan(
         skipped.append(SkippedItem(item, reason, None))
 
     units, replay = planned_units(source, report, shuffle=shuffle, seed=seed)
-    options = {
+    options: dict[str, Any] = {
         "format": format_name,
         "shard_size": shard_size,
         "shard_samples": shard_samples,
@@ -385,7 +408,10 @@ def _plan(
         "map": map_name(map_fn),
         "source_type": SOURCES.canonical(source.type_name),
     }
-    layout = ShardLayout(format_name, fmt.extension, prefix, shard_samples, shard_size)
+    if tokenize is not None:  # only then: other plans keep their hashes
+        options["tokenize"] = tokenize.identity()
+    token_size = tokenize.token_size if tokenize is not None else None
+    layout = ShardLayout(format_name, fmt.extension, prefix, shard_samples, shard_size, token_size)
     plan = ConversionPlan.build(units, layout, source.describe(), options, replay)
     warn()
     if not plan.shards:
@@ -454,7 +480,7 @@ def _finish(
             "skipped": len(skipped),
             "dropped": dropped,
         },
-        metadata=source.metadata(),
+        metadata={**source.metadata(), **token_metadata(store, plan, records, infos)},
     )
     with space_for(store, MANIFEST_NAME):
         write_manifest(store, manifest)
@@ -467,17 +493,3 @@ def _finish(
         elapsed=time.monotonic() - start,
         resumed_shards=resumed,
     )
-
-
-def _check_not_inside(source: Source, dst: Store) -> None:
-    """Refuse a local destination inside the local source directory (it would become input)."""
-    src_root = getattr(source.store, "root", None)
-    dst_root = getattr(dst, "root", None)
-    if not isinstance(src_root, str) or not isinstance(dst_root, str) or source.keys is not None:
-        return
-    src_real, dst_real = os.path.realpath(src_root), os.path.realpath(dst_root)
-    if dst_real == src_real or dst_real.startswith(src_real.rstrip(os.sep) + os.sep):
-        raise InvalidArgumentError(
-            f"the destination {dst.url} is inside the source {source.store.url}; the shards would "
-            "become part of the input. Choose a destination outside the source directory"
-        )

@@ -119,6 +119,11 @@ class ShardLayout:
     A shard is closed before the sample that would make it exceed ``shard_samples`` samples or
     ``shard_size`` estimated bytes, whichever comes first; a sample larger than ``shard_size`` gets a
     shard of its own.
+
+    ``token_size`` is set for a tokenizing conversion: ``(bytes per id, text bytes per id)``. A
+    record (a document) is then estimated as its bytes * bytes per id / text bytes per id (its
+    ids, without framing: blocks are few and large), so ``shard_size`` still means the shard's
+    size, and ``shard_samples`` counts documents.
     """
 
     format_name: str
@@ -126,6 +131,7 @@ class ShardLayout:
     prefix: str
     shard_samples: int | None
     shard_size: int | None
+    token_size: tuple[int, int] | None = None
 
 
 def shard_starts(units: Iterable[Unit], layout: ShardLayout) -> Iterator[tuple[Unit, int, bool]]:
@@ -134,7 +140,10 @@ def shard_starts(units: Iterable[Unit], layout: ShardLayout) -> Iterator[tuple[U
     and size."""
     count = size = 0
     for unit in units:
-        est = estimate_sample_bytes(layout.format_name, unit)
+        if layout.token_size is not None:
+            est = -(-unit.size * layout.token_size[0] // layout.token_size[1])
+        else:
+            est = estimate_sample_bytes(layout.format_name, unit)
         first = count == 0 or (
             (layout.shard_samples is not None and count >= layout.shard_samples)
             or (layout.shard_size is not None and size + est > layout.shard_size)

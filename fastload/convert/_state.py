@@ -11,6 +11,7 @@ different dataset is there); :func:`valid_done` tells which shards a resumed run
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -18,7 +19,14 @@ from typing import Any
 from fastload.convert._plan import ConversionPlan, ShardPlan
 from fastload.convert._progress import plural
 from fastload.convert._space import space_for
-from fastload.errors import DatasetExistsError, FastloadError, ManifestError, ObjectNotFoundError
+from fastload.convert.sources import Source
+from fastload.errors import (
+    DatasetExistsError,
+    FastloadError,
+    InvalidArgumentError,
+    ManifestError,
+    ObjectNotFoundError,
+)
 from fastload.formats import MANIFEST_NAME, Manifest
 from fastload.formats._names import ShardNames
 from fastload.formats.manifest import read_manifest
@@ -30,6 +38,7 @@ __all__ = [
     "SKIPPED_KEY",
     "STATE_PREFIX",
     "check_destination",
+    "check_not_inside",
     "clear_state",
     "done_key",
     "interrupted_note",
@@ -213,3 +222,17 @@ def interrupted_note(store: Store | None, shards: Sequence[ShardPlan] | None, ph
         f"({sum(s.num_samples for s in done)} of {plural(samples, 'sample')}); re-run the same "
         "command to resume: the finished shards are kept"
     )
+
+
+def check_not_inside(source: Source, dst: Store) -> None:
+    """Refuse a local destination inside the local source directory (it would become input)."""
+    src_root = getattr(source.store, "root", None)
+    dst_root = getattr(dst, "root", None)
+    if not isinstance(src_root, str) or not isinstance(dst_root, str) or source.keys is not None:
+        return
+    src_real, dst_real = os.path.realpath(src_root), os.path.realpath(dst_root)
+    if dst_real == src_real or dst_real.startswith(src_real.rstrip(os.sep) + os.sep):
+        raise InvalidArgumentError(
+            f"the destination {dst.url} is inside the source {source.store.url}; the shards would "
+            "become part of the input. Choose a destination outside the source directory"
+        )
