@@ -322,6 +322,21 @@ class ShardReader(ABC):
             url=self.url,
         )
 
+    def field_location(self, i: int, field: str) -> tuple[int, int] | None:
+        """Where field ``field`` of sample ``i`` lies verbatim in the shard object: ``(byte
+        offset, size)``, or ``None`` when the format cannot say without reading the sample
+        (no index, a compressed shard, or fields inside an encoded record).
+
+        For readers that map or range-read a field's bytes directly (the token loader gathers
+        token ids straight out of a memory-mapped shard). The location comes from the index and
+        is not checked against the bytes there (:meth:`read` checks them).
+
+        Raises:
+            IndexError: ``i`` is out of range.
+            KeyError: Sample ``i`` has no such field.
+        """
+        return None
+
     def iter_from(self, start: int) -> Iterator[dict[str, Any]]:
         """Yield samples from position ``start`` on (seeks with an index, else skips)."""
         for i, sample in enumerate(self):

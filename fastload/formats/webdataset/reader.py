@@ -258,6 +258,19 @@ class WebDatasetReader(ShardReader):
             sample[comp.ext] = data
         return sample
 
+    def field_location(self, i: int, field: str) -> tuple[int, int] | None:
+        """``(offset, size)`` of member ``KEY.field`` of sample ``i``'s data, from the index;
+        ``None`` without an index (a compressed shard, or none built)."""
+        index = self._load_index()
+        if index is None:
+            return None
+        if not 0 <= i < len(index):
+            raise IndexError(f"sample {i} out of range: {self.url} has {len(index)} samples")
+        for comp in index[i]:
+            if comp.ext == field:
+                return comp.offset, comp.size
+        raise KeyError(f"sample {i} of {self.url} has no field {field!r}")
+
     def _local_map(self) -> ShardView | None:
         """The shard mapped into memory when it is a local file (kept until :meth:`close`)."""
         if not self._map_tried:
