@@ -5,7 +5,7 @@ The public surface:
 * :func:`open_store` — bytes under keys on local disk, S3/Ceph RGW, HDFS, ... (:mod:`fastload.storage`)
 * :func:`convert` — raw corpora into WebDataset, TFRecord or LMDB shards (:mod:`fastload.convert`)
 * :func:`open_dataset` and :class:`DataLoader` — exactly-once, resumable PyTorch loading
-  (:mod:`fastload.loader`)
+  (:mod:`fastload.loader`); :func:`mix` mixes datasets by weight
 * :mod:`fastload.dali` — NVIDIA DALI pipelines fed by fastload datasets
 * :mod:`fastload.errors` — the exception hierarchy
 
@@ -28,7 +28,7 @@ from fastload.storage import open_store
 
 if TYPE_CHECKING:
     from fastload import dali
-    from fastload.loader import DataLoader, open_dataset, to_tuple
+    from fastload.loader import DataLoader, mix, open_dataset, to_tuple
 
 __all__ = [
     "DataLoader",
@@ -36,6 +36,7 @@ __all__ = [
     "convert",
     "dali",
     "errors",
+    "mix",
     "open_dataset",
     "open_store",
     "to_tuple",
@@ -45,6 +46,7 @@ _LAZY = {
     "open_dataset": ("fastload.loader", "open_dataset"),
     "DataLoader": ("fastload.loader", "DataLoader"),
     "to_tuple": ("fastload.loader", "to_tuple"),
+    "mix": ("fastload.loader", "mix"),
     "dali": ("fastload.dali", None),
 }
 
