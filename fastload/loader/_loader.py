@@ -409,12 +409,12 @@ class DataLoader:
             return f"{ds.describe(shard, pos)} (dataset index {index})"
 
         parts = []
-        if 0 <= progress.index < ds.num_samples:
+        if ds.has_index(progress.index):
             parts.append(f"processing {sample(progress.index)}")
         reads = [
             f"{sample(index)} for global step {rstep}"
             for rstep, index in progress.reads
-            if 0 <= index < ds.num_samples
+            if ds.has_index(index)
         ]
         if reads:
             parts.append("while reading " + " and ".join(reads))

@@ -265,6 +265,10 @@ class MixedDataset(MixIdentity, Dataset):
             shard[rows], pos[rows] = s + self.first_shard[i], p
         return shard, pos
 
+    def has_index(self, index: int) -> bool:
+        """Whether ``index`` is a mixed index (any ``>= 0``: own epochs are unbounded)."""
+        return index >= 0
+
     def source_counts(self, indices: npt.ArrayLike) -> tuple[int, ...]:
         """Samples of each source among mixed indices."""
         source, _ = self._source_of(np.asarray(indices, dtype=np.int64).reshape(-1))

@@ -123,20 +123,45 @@ class MixedTokens(MixIdentity):
         self, epoch: int, positions: npt.NDArray[np.int64], *, with_starts: bool = False
     ) -> TokenBatch:
         """The sequences at ``positions`` (each in ``[0, len(self))``) of mix epoch ``epoch``,
-        with ``sources`` set.
+        with ``sources`` set; ids in :attr:`dtype`.
 
         Raises:
             InvalidArgumentError: A position outside the epoch.
         """
+        return self._gather(self.dtype, epoch, positions, with_starts)
+
+    def sequences_as(
+        self,
+        dtype: np.dtype[Any],
+        epoch: int,
+        positions: npt.NDArray[np.int64],
+        *,
+        with_starts: bool = False,
+    ) -> TokenBatch:
+        """:meth:`sequences` with ids of ``dtype`` (e.g. ``int64``), converted while they are
+        copied into the batch (sources that can convert while copying are asked to)."""
+        return self._gather(np.dtype(dtype), epoch, positions, with_starts)
+
+    def _gather(
+        self,
+        dtype: np.dtype[Any],
+        epoch: int,
+        positions: npt.NDArray[np.int64],
+        with_starts: bool,
+    ) -> TokenBatch:
         pos = np.asarray(positions, dtype=np.int64).reshape(-1)
         source, src_epoch, src_pos = self.plan.locate(epoch, pos)
-        tokens = np.empty((len(pos), self._seq_len + 1), dtype=self.dtype)
+        tokens = np.empty((len(pos), self._seq_len + 1), dtype=dtype)
         starts = np.empty(tokens.shape, dtype=np.bool_) if with_starts else None
         # One read per (source, source epoch) present: a batch spans few of them.
         groups = np.unique(np.stack([source, src_epoch], axis=1), axis=0)
         for i, k in groups.tolist():
             rows = np.flatnonzero((source == i) & (src_epoch == k))
-            got = self.sources[i].sequences(k, src_pos[rows], with_starts=with_starts)
+            widen = getattr(self.sources[i], "sequences_as", None)
+            if widen is not None and dtype != self.dtype:
+                got = widen(dtype, k, src_pos[rows], with_starts=with_starts)
+            else:
+                got = self.sources[i].sequences(k, src_pos[rows], with_starts=with_starts)
             tokens[rows] = got.tokens
             if starts is not None:
                 if got.starts is None:

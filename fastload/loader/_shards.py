@@ -295,6 +295,10 @@ class ShardedDataset:
         """Names of a mix's sources, whose samples ``source_counts`` counts; empty here."""
         return ()
 
+    def has_index(self, index: int) -> bool:
+        """Whether ``index`` is a dataset index (what :meth:`locate` takes)."""
+        return 0 <= index < self.num_samples
+
     def source_counts(self, indices: npt.ArrayLike) -> tuple[int, ...]:
         """Samples of each of :attr:`source_names` among dataset indices; empty here."""
         return ()

@@ -182,3 +182,17 @@ def test_a_token_dataset_url_is_sent_to_the_token_opener(
     write_manifest(store, dataclasses.replace(manifest, metadata={"tokens": {"layout": 1}}))
     with pytest.raises(InvalidArgumentError, match="is a token dataset: open it with the token"):
         fastload.mix({root: 1})
+
+
+def test_mixed_indices_locate_and_describe_the_sample_of_their_source(
+    fake: SimpleNamespace,
+) -> None:
+    a, b = _sources(fake)
+    mixed = fastload.mix({a: 1, b: 1})
+    index = 2 * mixed.total + 9 + 2  # b's sample 2 (b follows a's 9), in b's own epoch 2
+    assert mixed.has_index(index)
+    assert not a.has_index(9)
+    shards, positions = mixed.locate([index, 6])
+    assert mixed.describe(int(shards[0]), int(positions[0])) == b.describe(0, 2)
+    assert mixed.shard_url(int(shards[1])) == a.shard_url(1)  # a's sample 6: shard 1
+    assert mixed.source_counts([index, 0, 1]) == (2, 1)

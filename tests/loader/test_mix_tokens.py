@@ -97,6 +97,11 @@ def test_a_token_mix_is_a_token_source_with_the_widest_dtype_and_each_rows_sourc
         assert want.starts is not None
         assert got.starts[row].tolist() == want.starts[0].tolist()
     assert mixed.sequences(0, np.arange(3)).starts is None
+    wide = mixed.sequences_as(np.dtype(np.int64), 0, np.arange(20), with_starts=True)
+    assert wide.tokens.dtype == np.int64
+    assert wide.tokens.tolist() == got.tokens.tolist()
+    assert wide.sources is not None
+    assert wide.sources.tolist() == got.sources.tolist()
 
 
 @settings(max_examples=40, deadline=None)
