@@ -62,6 +62,7 @@ BENCHES: tuple[Bench, ...] = (
     Bench("storage"),
     Bench("formats"),
     Bench("convert"),
+    Bench("tokenize"),
     Bench("loader"),
     Bench("ffcv"),
     Bench("dali"),

@@ -480,7 +480,7 @@ def _finish(
             "skipped": len(skipped),
             "dropped": dropped,
         },
-        metadata={**source.metadata(), **token_metadata(store, plan, records, infos)},
+        metadata=token_metadata(store, plan, records, infos, source.metadata()),
     )
     with space_for(store, MANIFEST_NAME):
         write_manifest(store, manifest)

@@ -26,7 +26,7 @@ from fastload.convert._map import describe
 from fastload.convert._plan import ConversionPlan
 from fastload.convert._tokenizer import TokenizerSpec, encoder
 from fastload.convert.sources import ConversionError, Source, Unit
-from fastload.errors import InvalidArgumentError
+from fastload.errors import InvalidArgumentError, ManifestError
 from fastload.formats import MANIFEST_NAME, ShardInfo
 from fastload.formats._base import ShardWriter
 from fastload.formats._sample import KEY
@@ -182,17 +182,31 @@ def token_metadata(
     plan: ConversionPlan,
     records: Mapping[str, Mapping[str, Any]],
     infos: Sequence[ShardInfo],
+    metadata: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """``{"tokens": ...}`` for the manifest's metadata of a tokenizing ``plan`` (its options hold
-    ``"tokenize"``, the spec's identity), from the shards' done ``records`` (their ``"tokens"``
-    counts), checked against the shards' sample counts (``infos``); ``{}`` when not tokenizing.
+    """The manifest's metadata: the source's ``metadata`` with, for a tokenizing ``plan`` (its
+    options hold ``"tokenize"``, the spec's identity), ``"tokens"`` made from the shards' done
+    ``records`` (their counts) and checked against the shards' sample counts (``infos``).
+
+    Without tokenizing, a source's ``"tokens"`` (a token dataset converted again) is kept only
+    while it still describes the shards (the same blocks per shard), else left out.
 
     Raises:
         ManifestError: The counts disagree (a bug, never a partial manifest).
     """
     identity = plan.options.get("tokenize")
+    shard_samples = [i.num_samples for i in infos]
+    where = store.child_url(MANIFEST_NAME)
     if not isinstance(identity, Mapping):
-        return {}
+        out = dict(metadata)
+        if METADATA_KEY in out:
+            try:
+                TokenLayout.from_metadata(out, shard_samples=shard_samples, where=where)
+                if plan.options.get("shuffle"):  # the blocks are out of stream order
+                    del out[METADATA_KEY]
+            except ManifestError:
+                del out[METADATA_KEY]
+        return out
     counts = [records[s.name]["tokens"] for s in plan.shards]
     layout = TokenLayout(
         vocab_size=int(identity["vocab_size"]),
@@ -205,13 +219,9 @@ def token_metadata(
             k: v for k, v in identity.items() if k not in ("vocab_size", "eos_id", "block_tokens")
         },
     )
-    metadata = {METADATA_KEY: layout.to_json()}
-    TokenLayout.from_metadata(  # a self-check
-        metadata,
-        shard_samples=[i.num_samples for i in infos],
-        where=store.child_url(MANIFEST_NAME),
-    )
-    return metadata
+    out = {**metadata, METADATA_KEY: layout.to_json()}
+    TokenLayout.from_metadata(out, shard_samples=shard_samples, where=where)  # a self-check
+    return out
 
 
 def check_text_field(source: Source, units: Iterable[Unit], spec: TokenizerSpec) -> None:

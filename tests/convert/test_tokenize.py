@@ -370,3 +370,26 @@ def test_resume_after_sigkill_is_byte_identical(tmp_path: Path, cv: Any) -> None
     assert finished.returncode == 0, finished.stderr
     assert cv.tree_bytes(dst) == reference
     assert read_tokens(dst)[0].num_documents == 599
+
+
+def test_converting_a_token_dataset_again_keeps_its_layout_only_if_it_holds(
+    tmp_path: Path,
+) -> None:
+    docs = [f"{i:03d}" + "x" * 396 for i in range(100)]  # one block of 400 ids each, with EOS
+    write_jsonl(tmp_path / "src" / "a.jsonl", docs)
+    tokens = tmp_path / "tokens"
+    fc.convert(
+        tmp_path / "src",
+        tokens,
+        tokenize=fc.Tokenize("byte", text_field="body", block_tokens=400),
+        shard_samples=25,
+        quiet=True,
+    )
+    layout, stream, starts = read_tokens(tokens)
+    assert layout.shard_blocks() == [25, 25, 25, 25]
+    fc.convert(tokens, tmp_path / "same", format="lmdb", shard_samples=25, quiet=True)
+    assert read_tokens(tmp_path / "same") == (layout, stream, starts)
+    fc.convert(tokens, tmp_path / "other", shard_samples=30, quiet=True)
+    manifest = read_manifest(open_store(tmp_path / "other"))
+    assert "tokens" not in manifest.metadata
+    assert manifest.num_samples == 100
