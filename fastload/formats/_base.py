@@ -322,18 +322,18 @@ class ShardReader(ABC):
             url=self.url,
         )
 
-    def field_location(self, i: int, field: str) -> tuple[int, int] | None:
-        """Where field ``field`` of sample ``i`` lies verbatim in the shard object: ``(byte
-        offset, size)``, or ``None`` when the format cannot say without reading the sample
-        (no index, a compressed shard, or fields inside an encoded record).
+    def field_locations(self, field: str) -> list[tuple[int, int]] | None:
+        """Where field ``field`` of every sample lies verbatim in the shard object: ``(byte
+        offset, size)`` per sample in shard order, or ``None`` when the format cannot say
+        without reading the samples (no index, a compressed shard, or fields inside an encoded
+        record: TFRecord, LMDB).
 
         For readers that map or range-read a field's bytes directly (the token loader gathers
-        token ids straight out of a memory-mapped shard). The location comes from the index and
-        is not checked against the bytes there (:meth:`read` checks them).
+        token ids straight out of a memory-mapped shard). The locations come from the index and
+        are not checked against the bytes there (:meth:`read` checks them); O(samples).
 
         Raises:
-            IndexError: ``i`` is out of range.
-            KeyError: Sample ``i`` has no such field.
+            KeyError: A sample has no such field.
         """
         return None
 

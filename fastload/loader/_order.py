@@ -190,6 +190,7 @@ class EpochOrder:
             self._perm = IdentityPermutation(self._num_blocks)
         self._windows_per_run = max(1, self._SLOTS_PER_RUN // self.window)
         self._run_blocks: tuple[int, IntArray] | None = None
+        self._span_run: tuple[int, IntArray] | None = None  # for block_spans
         self._locate_short_blocks(sizes)
 
     def _locate_short_blocks(self, sizes: IntArray) -> None:
@@ -278,7 +279,7 @@ class EpochOrder:
         begin = np.cumsum(counts) - counts
         slots = np.repeat(first_slot - begin, counts) + np.arange(total, dtype=np.int64)
         slot_start = self._slot_start(slots)
-        blocks = self._perm(slots)
+        blocks = self._slot_blocks(slots)
         shard = np.searchsorted(self._first_block, blocks, side="right") - 1
         first = self._shard_start[shard] + (blocks - self._first_block[shard]) * self._block
         length = np.minimum(self._block, self._shard_start[shard + 1] - first)
@@ -320,6 +321,20 @@ class EpochOrder:
             self._run_blocks = (run, self._perm(np.arange(first, stop)))
         offset = (w - run * self._windows_per_run) * self.window
         return self._run_blocks[1][offset : offset + self.window]
+
+    def _slot_blocks(self, slots: IntArray) -> IntArray:
+        """The blocks in ``slots``: from the block permutation evaluated for the run of
+        ``_SLOTS_PER_RUN`` slots they lie in (kept: the next ranges are usually close), or
+        directly when they span runs."""
+        run = int(slots.min()) // self._SLOTS_PER_RUN
+        if int(slots.max()) // self._SLOTS_PER_RUN != run:
+            return self._perm(slots)
+        cached = self._span_run
+        if cached is None or cached[0] != run:
+            first = run * self._SLOTS_PER_RUN
+            stop = min(first + self._SLOTS_PER_RUN, self._num_blocks)
+            cached = self._span_run = (run, self._perm(np.arange(first, stop)))
+        return cached[1][slots - run * self._SLOTS_PER_RUN]
 
     def _cached_window_holding(self, lo: int, hi: int) -> _Window | None:
         """The cached window holding positions ``lo`` to ``hi``, if any (the usual case: a batch

@@ -6,6 +6,11 @@ A **token source** delivers, for an epoch, ``len(source)`` fixed-length sequence
 What sits at a position is a pure function of (the source's options, seed, epoch, position): never
 of ranks, workers, batch size or what was read before, so a loader can partition positions over
 ranks and resume anywhere with O(1) state.
+
+Added by the token loader (engineer B), nothing above changed: :class:`WideningTokenSource`, an
+optional capability. A source that can write its ids straight into a wider integer dtype
+(``sequences_as``) saves the loader a conversion pass (~15 % of a batch at 2049-id rows); the
+loader uses it when ``isinstance(source, WideningTokenSource)``, and converts otherwise.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["TokenBatch", "TokenSource"]
+__all__ = ["TokenBatch", "TokenSource", "WideningTokenSource"]
 
 
 @dataclass(frozen=True)
@@ -69,4 +74,20 @@ class TokenSource(Protocol):
         self, epoch: int, positions: npt.NDArray[np.int64], *, with_starts: bool = False
     ) -> TokenBatch:
         """The sequences at ``positions`` (each in ``[0, len(self))``) of epoch ``epoch``."""
+        ...
+
+
+@runtime_checkable
+class WideningTokenSource(TokenSource, Protocol):
+    """A token source that also delivers its ids converted to a wider dtype while copying."""
+
+    def sequences_as(
+        self,
+        dtype: np.dtype[Any],
+        epoch: int,
+        positions: npt.NDArray[np.int64],
+        *,
+        with_starts: bool = False,
+    ) -> TokenBatch:
+        """:meth:`~TokenSource.sequences` with ``tokens`` of ``dtype`` (``int32``/``int64``)."""
         ...

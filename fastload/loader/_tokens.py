@@ -38,6 +38,7 @@ the number of tokens.
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -173,6 +174,7 @@ class TokenDataset:
         self._shard_start: IntArray = starts
         self._orders: OrderedDict[int, EpochOrder] = OrderedDict()
         self._perms: OrderedDict[tuple[int, int], IntArray] = OrderedDict()
+        self._tables: OrderedDict[tuple[int, int], _WindowTable] = OrderedDict()
 
     # ---- the TokenSource contract -------------------------------------------------------------
 
@@ -219,6 +221,18 @@ class TokenDataset:
             InvalidArgumentError: A position outside ``[0, len(self))``.
             CorruptDataError: A block disagrees with the layout.
         """
+        return self.sequences_as(self.layout.dtype, epoch, positions, with_starts=with_starts)
+
+    def sequences_as(
+        self,
+        dtype: np.dtype[Any],
+        epoch: int,
+        positions: npt.NDArray[np.int64],
+        *,
+        with_starts: bool = False,
+    ) -> TokenBatch:
+        """:meth:`sequences` with ``tokens`` of ``dtype`` (an integer dtype that holds every id:
+        the stored one, ``int32`` or ``int64``), converted while they are copied."""
         pos = np.asarray(positions, dtype=np.int64).reshape(-1)
         if pos.size and (int(pos.min()) < 0 or int(pos.max()) >= self._num_sequences):
             raise InvalidArgumentError(
@@ -226,38 +240,35 @@ class TokenDataset:
                 f"[{int(pos.min())}, {int(pos.max())}]"
             )
         width = self._seq_len + 1
-        out = np.empty((len(pos), width), dtype=self.layout.dtype)
+        out = np.empty((len(pos), width), dtype=dtype)
         starts = np.zeros((len(pos), width), dtype=np.bool_) if with_starts else None
         if not pos.size:
             return TokenBatch(out, starts)
-        first = self.sequence_of(epoch, pos) * self._seq_len
-        row, src, length = self._order(epoch).block_spans(first, first + width)
-        # Each piece lies in one block: its shard, block and offset in the block.
-        shard = np.searchsorted(self._shard_start, src, side="right") - 1
-        offset = src - self._shard_start[shard]
-        block, inside = np.divmod(offset, self.layout.block_tokens)
-        # Where each piece goes in the flat output.
-        piece_start = np.cumsum(length) - length
-        row_start = np.searchsorted(row, np.arange(len(pos)), side="left")
-        column = piece_start - piece_start[row_start][row]
-        dest = row * width + column
         flat = out.reshape(-1)
-        get = self.blocks.get
-        docs: list[tuple[npt.NDArray[np.uint32], int, int, int]] = []  # (docs, inside, n, dest)
-        for s, b, i, n, d in zip(
-            shard.tolist(),
-            block.tolist(),
-            inside.tolist(),
-            length.tolist(),
-            dest.tolist(),
-            strict=True,
-        ):
-            found = get(s, b)
-            flat[d : d + n] = found.tokens[i : i + n]
-            if starts is not None:
-                docs.append((found.docs, i, n, d))
-        if starts is not None:
-            _mark_starts(starts, docs, src, length, dest, column)
+        marks = None if starts is None else starts.reshape(-1)
+        first = (self.sequence_of(epoch, pos) * self._seq_len).tolist()
+        table = self._window_table(epoch, first[0])
+        lo, hi, at, arrays, firsts, lengths = table.parts()
+        bisect_right = bisect.bisect_right
+        dest = 0
+        for a in first:
+            if not lo <= a < hi:
+                table = self._window_table(epoch, a)
+                lo, hi, at, arrays, firsts, lengths = table.parts()
+            j = bisect_right(at, a) - 1
+            room = lengths[j] - (a - at[j])
+            f = firsts[j] + a - at[j]
+            if marks is not None:
+                table.copy(flat, dest, a, width, marks)
+            elif room >= width:  # the usual case: one piece
+                flat[dest : dest + width] = arrays[j][f : f + width]
+            elif room + lengths[j + 1] >= width:  # two pieces (a window ends after a piece)
+                flat[dest : dest + room] = arrays[j][f : f + room]
+                g = firsts[j + 1]
+                flat[dest + room : dest + width] = arrays[j + 1][g : g + width - room]
+            else:  # short blocks
+                table.copy(flat, dest, a, width, marks)
+            dest += width
         return TokenBatch(out, starts)
 
     # ---- order --------------------------------------------------------------------------------
@@ -268,6 +279,13 @@ class TokenDataset:
         if not self.shuffle:
             return pos.copy()
         check_seed("epoch", epoch)
+        if not pos.size:
+            return pos.copy()
+        w = int(pos.min()) // self.window
+        if int(pos.max()) // self.window == w:  # the usual case: a batch within one window
+            base = w * self.window
+            out: IntArray = base + self._window_perm(epoch, w)[pos - base]
+            return out
         window = pos // self.window
         out = np.empty_like(pos)
         for w in np.unique(window).tolist():
@@ -287,6 +305,27 @@ class TokenDataset:
             while len(self._perms) > 2:
                 self._perms.popitem(last=False)
         return perm
+
+    def _window_table(self, epoch: int, at: int) -> _WindowTable:
+        """The pieces of the stream that the sequences of the window holding stream position
+        ``at`` read (the last two kept)."""
+        w = at // self._seq_len // self.window
+        key = (epoch, w)
+        table = self._tables.get(key)
+        if table is None:
+            start = w * self.window * self._seq_len
+            last = min((w + 1) * self.window, self._num_sequences)  # sequences before it
+            stop = last * self._seq_len + 1
+            _row, src, length = self._order(epoch).block_spans([start], [stop])
+            shard = np.searchsorted(self._shard_start, src, side="right") - 1
+            block, inside = np.divmod(src - self._shard_start[shard], self.layout.block_tokens)
+            table = _WindowTable(
+                start, last * self._seq_len, self.blocks, src, length, shard, block, inside
+            )
+            self._tables[key] = table
+            while len(self._tables) > 2:
+                self._tables.popitem(last=False)
+        return table
 
     def _order(self, epoch: int) -> EpochOrder:
         order = self._orders.get(epoch)
@@ -317,22 +356,81 @@ class TokenDataset:
         )
 
 
-def _mark_starts(
-    starts: npt.NDArray[np.bool_],
-    docs: list[tuple[npt.NDArray[np.uint32], int, int, int]],
-    src: IntArray,
-    length: IntArray,
-    dest: IntArray,
-    column: IntArray,
-) -> None:
-    """Mark in ``starts`` the documents starting in each piece (``docs``: the block's document
-    offsets, the piece's offset in the block, its length and its flat destination), and the
-    pieces that do not continue the piece before them (they begin a piece of a document)."""
-    flat = starts.reshape(-1)
-    breaks = np.ones(len(src), dtype=np.bool_)
-    breaks[1:] = src[1:] != src[:-1] + length[:-1]
-    flat[dest[breaks | (column == 0)]] = True
-    for offsets, i, n, d in docs:
-        lo, hi = np.searchsorted(offsets, [i, i + n])
+class _WindowTable:
+    """The stream positions ``[start, stop]`` of one sequence window as pieces of blocks, each
+    resolved to an ids array and an offset (:meth:`TokenBlocks.locate`), for per-sequence
+    copies in plain Python (a window's few hundred pieces are resolved once; a sequence then
+    costs a bisection and one or two slice copies)."""
+
+    __slots__ = (
+        "_blocks",
+        "arrays",
+        "blocks",
+        "firsts",
+        "lengths",
+        "sources",
+        "start",
+        "starts",
+        "stop",
+    )
+
+    def __init__(
+        self,
+        start: int,
+        stop: int,
+        blocks: TokenBlocks,
+        sources: IntArray,
+        lengths: IntArray,
+        shard: IntArray,
+        block: IntArray,
+        inside: IntArray,
+    ) -> None:
+        self.start, self.stop = start, stop  # sequences start in [start, stop)
+        self._blocks = blocks
+        self.lengths: list[int] = lengths.tolist()
+        self.sources: list[int] = sources.tolist()  # dataset index of each piece's first id
+        self.starts: list[int] = (start + np.cumsum(lengths) - lengths).tolist()  # in the stream
+        shards, blocks_of, insides = shard.tolist(), block.tolist(), inside.tolist()
+        self.blocks = list(zip(shards, blocks_of, insides, strict=True))  # (shard, block, offset)
+        # Each piece's ids array and the index of its first id in it.
+        self.arrays, self.firsts = blocks.locate_all(shards, blocks_of, insides)
+
+    def parts(
+        self,
+    ) -> tuple[int, int, list[int], list[npt.NDArray[Any]], list[int], list[int]]:
+        """``(start, stop, piece starts, arrays, firsts, lengths)``, for a caller's fast path."""
+        return self.start, self.stop, self.starts, self.arrays, self.firsts, self.lengths
+
+    def copy(
+        self,
+        out: npt.NDArray[Any],
+        dest: int,
+        at: int,
+        n: int,
+        marks: npt.NDArray[np.bool_] | None,
+    ) -> None:
+        """Copy stream ``[at, at + n)`` to ``out[dest:]``; with ``marks``, mark its first id,
+        document starts and pieces that do not continue the piece before them."""
+        j = bisect.bisect_right(self.starts, at) - 1
+        offset = at - self.starts[j]
+        col = 0
+        while col < n:
+            take = min(n - col, self.lengths[j] - offset)
+            first = self.firsts[j] + offset
+            out[dest + col : dest + col + take] = self.arrays[j][first : first + take]
+            if marks is not None:
+                self._mark(marks, j, dest, col, offset, take)
+            col += take
+            j += 1
+            offset = 0
+
+    def _mark(
+        self, marks: npt.NDArray[np.bool_], j: int, dest: int, col: int, offset: int, take: int
+    ) -> None:
+        if col == 0 or self.sources[j] != self.sources[j - 1] + self.lengths[j - 1]:
+            marks[dest + col] = True
+        shard, block, inside = self.blocks[j]
+        docs = self._blocks.docs(shard, block)
+        lo, hi = np.searchsorted(docs, [inside + offset, inside + offset + take])
         if hi > lo:
-            flat[d + offsets[lo:hi].astype(np.int64) - i] = True
+            marks[dest + col + docs[lo:hi].astype(np.int64) - inside - offset] = True

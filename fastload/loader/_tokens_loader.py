@@ -29,7 +29,7 @@ from fastload.errors import InvalidArgumentError
 from fastload.loader._cursor import EpochCursor
 from fastload.loader._dist import detect_rank_world
 from fastload.loader._partition import Partition
-from fastload.loader._token_source import TokenBatch, TokenSource
+from fastload.loader._token_source import TokenBatch, TokenSource, WideningTokenSource
 
 __all__ = ["TokenLoader", "cu_seqlens", "position_ids"]
 
@@ -126,6 +126,14 @@ class TokenLoader:
         self.boundaries = boundaries
         self.prefetch = check_int("prefetch", prefetch)
         self.pin_memory = bool(pin_memory)
+        self._np_dtype: np.dtype[Any] | None = None
+        if dtype is not None:
+            self._np_dtype = np.dtype(np.int64 if dtype == torch.int64 else np.int32)
+        self._widen = (
+            source.sequences_as
+            if self._np_dtype is not None and isinstance(source, WideningTokenSource)
+            else None
+        )
         self.partition = Partition(len(source), self.world_size, self.batch_size, self.drop_last)
         self._cursor = EpochCursor(source, self.partition, what="TokenLoader")
 
@@ -169,7 +177,7 @@ class TokenLoader:
 
     def stats(self) -> dict[str, float | int]:
         """Counters as :meth:`fastload.DataLoader.stats` (``samples`` are sequences, ``bytes``
-        the ids' stored bytes) plus ``tokens`` (input ids delivered) and ``tokens_per_s``."""
+        the delivered id arrays' bytes) plus ``tokens`` (input ids delivered) and ``tokens_per_s``."""
         report = self._cursor.report()
         report["tokens"] = int(report["samples"]) * self.source.seq_len
         elapsed = float(report["elapsed_s"])
@@ -187,9 +195,13 @@ class TokenLoader:
         return self._run(epoch, start)
 
     def _read(self, epoch: int, step: int) -> tuple[dict[str, Any], int, int]:
-        """The batch of global ``step`` on this rank, its padded rows and stored bytes."""
+        """The batch of global ``step`` on this rank, its padded rows and its ids' bytes."""
         positions, pad = self.partition.positions(step, self.rank)
-        batch = self.source.sequences(epoch, positions, with_starts=self.boundaries is not None)
+        with_starts = self.boundaries is not None
+        if self._widen is not None and self._np_dtype is not None:
+            batch = self._widen(self._np_dtype, epoch, positions, with_starts=with_starts)
+        else:
+            batch = self.source.sequences(epoch, positions, with_starts=with_starts)
         return self._tensors(batch), int(pad.sum()), batch.tokens.nbytes
 
     def _run(self, epoch: int, start: int) -> Iterator[dict[str, Any]]:
@@ -218,11 +230,9 @@ class TokenLoader:
 
     def _tensors(self, batch: TokenBatch) -> dict[str, Any]:
         tokens = batch.tokens
-        if self.dtype is None:  # torch.uint16 / torch.uint32, zero-copy
-            ids = torch.from_numpy(tokens)
-        else:
-            wide = np.int64 if self.dtype == torch.int64 else np.int32
-            ids = torch.from_numpy(tokens.astype(wide))
+        if self._np_dtype is not None and tokens.dtype != self._np_dtype:
+            tokens = tokens.astype(self._np_dtype)  # a source that cannot widen while copying
+        ids = torch.from_numpy(tokens)  # uint16/uint32 as stored when dtype is None
         if self.pin_memory:
             ids = ids.pin_memory()
         out: dict[str, Any] = {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}

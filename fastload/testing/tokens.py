@@ -20,7 +20,7 @@ from fastload.formats import Manifest, ShardEntry, ShardInfo, get_format, write_
 from fastload.formats.tokens import DOCS_FIELD, TOKENS_FIELD, TokenLayout
 from fastload.storage import Store
 
-__all__ = ["WrittenTokens", "write_token_dataset"]
+__all__ = ["WrittenTokens", "write_token_dataset", "write_token_shards"]
 
 
 @dataclass(frozen=True)
@@ -66,46 +66,70 @@ def write_token_dataset(
     counts = list(shard_docs) if shard_docs is not None else [len(documents)]
     if sum(counts) != len(documents):
         raise ValueError(f"shard_docs {counts} does not sum to {len(documents)} documents")
-    fmt = get_format(format_name)
-    dtype = TokenLayout(vocab_size, eos_id, block_tokens, 0, 0, ()).dtype
-    entries: list[ShardEntry] = []
-    infos: list[ShardInfo] = []
-    shard_tokens: list[int] = []
-    streams: list[npt.NDArray[np.int64]] = []
-    starts: list[int] = []
+    shards: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = []
     done = 0
-    root = prefix.strip("/")
-    for s, count in enumerate(counts):
+    for count in counts:
         ids: list[int] = []
-        local_starts: list[int] = []
+        starts: list[int] = []
         for doc in documents[done : done + count]:
             begin = len(ids)
             ids.extend(int(t) for t in doc)
             if eos_id is not None:
                 ids.append(eos_id)
             if len(ids) > begin:  # a document without ids (empty, no EOS) starts nowhere
-                local_starts.append(begin)
+                starts.append(begin)
         done += count
-        if not ids:
+        shards.append((np.asarray(ids, dtype=np.int64), np.asarray(starts, dtype=np.int64)))
+    return write_token_shards(
+        store,
+        shards,
+        num_documents=len(documents),
+        block_tokens=block_tokens,
+        vocab_size=vocab_size,
+        eos_id=eos_id,
+        format_name=format_name,
+        prefix=prefix,
+    )
+
+
+def write_token_shards(
+    store: Store,
+    shards: Sequence[tuple[npt.ArrayLike, npt.ArrayLike]],
+    *,
+    num_documents: int,
+    block_tokens: int,
+    vocab_size: int,
+    eos_id: int | None,
+    format_name: str = "webdataset",
+    prefix: str = "",
+) -> WrittenTokens:
+    """Write each shard's stream (its ids, EOS ids included, and the increasing offsets of its
+    documents' first ids) as a token dataset: vectorised, for corpora of millions of ids
+    (benchmarks). Arguments as :func:`write_token_dataset`'s.
+    """
+    fmt = get_format(format_name)
+    dtype = TokenLayout(vocab_size, eos_id, block_tokens, 0, 0, ()).dtype
+    root = prefix.strip("/")
+    entries: list[ShardEntry] = []
+    infos: list[ShardInfo] = []
+    streams: list[npt.NDArray[np.int64]] = []
+    all_starts: list[npt.NDArray[np.int64]] = []
+    offset = 0
+    for s, (ids, starts) in enumerate(shards):
+        stream = np.asarray(ids)
+        doc_at = np.asarray(starts, dtype=np.int64)
+        if not len(stream):
             raise ValueError(f"shard {s} would hold no ids")
-        stream = np.asarray(ids, dtype=np.int64)
-        offset = sum(shard_tokens)
-        starts.extend(offset + p for p in local_starts)
-        streams.append(stream)
-        shard_tokens.append(len(stream))
-        doc_at = np.asarray(local_starts, dtype=np.int64)
-        key = (
-            f"{root}/tokens-{s:06d}.{fmt.extension}" if root else f"tokens-{s:06d}.{fmt.extension}"
-        )
-        writer = fmt.writer(store, key)
+        name = f"tokens-{s:06d}.{fmt.extension}"
+        writer = fmt.writer(store, f"{root}/{name}" if root else name)
         try:
+            bounds = np.searchsorted(doc_at, np.arange(0, len(stream) + block_tokens, block_tokens))
             for b, first in enumerate(range(0, len(stream), block_tokens)):
-                block = stream[first : first + block_tokens]
-                inside = doc_at[(doc_at >= first) & (doc_at < first + len(block))] - first
+                inside = doc_at[bounds[b] : bounds[b + 1]] - first
                 writer.write(
                     {
                         "__key__": f"{s:06d}-{b:08d}",
-                        TOKENS_FIELD: block.astype(dtype),
+                        TOKENS_FIELD: stream[first : first + block_tokens].astype(dtype),
                         DOCS_FIELD: inside.astype("<u4"),
                     }
                 )
@@ -115,13 +139,16 @@ def write_token_dataset(
             raise
         infos.append(info)
         entries.append(ShardEntry.from_info(info, root))
+        streams.append(stream.astype(np.int64))
+        all_starts.append(doc_at + offset)
+        offset += len(stream)
     layout = TokenLayout(
         vocab_size=vocab_size,
         eos_id=eos_id,
         block_tokens=block_tokens,
-        num_tokens=sum(shard_tokens),
-        num_documents=len(documents),
-        shard_tokens=tuple(shard_tokens),
+        num_tokens=offset,
+        num_documents=num_documents,
+        shard_tokens=tuple(len(x) for x in streams),
         tokenizer={"kind": "function", "name": "fastload.testing.tokens"},
     )
     manifest = Manifest(
@@ -131,4 +158,4 @@ def write_token_dataset(
         metadata={"tokens": layout.to_json()},
     )
     write_manifest(store, manifest, root)
-    return WrittenTokens(np.concatenate(streams), np.asarray(starts, dtype=np.int64), layout)
+    return WrittenTokens(np.concatenate(streams), np.concatenate(all_starts), layout)

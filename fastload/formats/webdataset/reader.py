@@ -258,18 +258,27 @@ class WebDatasetReader(ShardReader):
             sample[comp.ext] = data
         return sample
 
-    def field_location(self, i: int, field: str) -> tuple[int, int] | None:
-        """``(offset, size)`` of member ``KEY.field`` of sample ``i``'s data, from the index;
-        ``None`` without an index (a compressed shard, or none built)."""
+    def field_locations(self, field: str) -> list[tuple[int, int]] | None:
+        """``(offset, size)`` of member ``KEY.field``'s data in every sample, from the index;
+        ``None`` without an index (a compressed shard, or none built).
+
+        Raises:
+            KeyError: A sample has no such member (names the sample and the index line).
+        """
         index = self._load_index()
         if index is None:
             return None
-        if not 0 <= i < len(index):
-            raise IndexError(f"sample {i} out of range: {self.url} has {len(index)} samples")
-        for comp in index[i]:
-            if comp.ext == field:
-                return comp.offset, comp.size
-        raise KeyError(f"sample {i} of {self.url} has no field {field!r}")
+        out = []
+        for i, comps in enumerate(index):
+            for comp in comps:
+                if comp.ext == field:
+                    out.append((comp.offset, comp.size))
+                    break
+            else:
+                raise KeyError(
+                    f"sample {i} (index line {i + 2}) of {self.url} has no field {field!r}"
+                )
+        return out
 
     def _local_map(self) -> ShardView | None:
         """The shard mapped into memory when it is a local file (kept until :meth:`close`)."""
