@@ -7,7 +7,8 @@ Three kinds (``TOKENIZER`` on the command line, :attr:`Tokenize.tokenizer` in Py
   downloaded. Documents are encoded without the tokenizer's own special tokens
   (``add_special_tokens=False``); the vocabulary size is its largest id + 1, added tokens
   included. Identified by the file's SHA-256.
-* **``module:function``** (or, in Python, a picklable module-level callable): ``function(text)``
+* **``module:function``** (or, in Python, a module-level callable, which must pickle):
+  ``function(text)``
   takes a document as ``str`` and returns its ids (a list or 1-D integer array). The function
   declares the vocabulary size as an int attribute ``vocab_size`` (required) and may declare its
   EOS id as an int attribute ``eos_id``. Identified by its name only (like ``--map``): change
@@ -27,6 +28,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import os
+import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -299,6 +301,14 @@ def _function_spec(
         takes="takes a document's text (str) and returns its token ids",
     )
     name = str(map_name(spec))  # type: ignore[arg-type]
+    if callable(spec):
+        try:
+            pickle.dumps(spec)
+        except Exception as exc:
+            raise InvalidArgumentError(
+                f"tokenizer function {name} cannot be sent to worker processes ({exc}); pass a "
+                "module-level function, or its name as 'module:function'"
+            ) from exc
     vocab = getattr(fn, "vocab_size", None)
     if isinstance(vocab, bool) or not isinstance(vocab, int) or not 1 <= vocab <= 2**32:
         raise InvalidArgumentError(
@@ -315,10 +325,11 @@ def _function_spec(
         eos_id = _eos_id(declared, vocab, f"tokenizer function {name} (its eos_id)")
     else:
         eos_id = _eos_id(eos, vocab, f"tokenizer function {name}")
-        if eos_id == -1:
-            raise InvalidArgumentError(
-                f"eos (--eos) of tokenizer function {name} must be an id or 'none', got {eos!r}"
-            )
+    if eos_id == -1:  # a token's text: a function has no vocabulary to look it up in
+        raise InvalidArgumentError(
+            f"eos (--eos) of tokenizer function {name} must be an id or 'none', got "
+            f"{eos if eos is not None else getattr(fn, 'eos_id', None)!r}"
+        )
     return TokenizerSpec(
         "function",
         vocab,

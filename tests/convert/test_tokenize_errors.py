@@ -180,3 +180,37 @@ def test_another_tokenizer_is_refused_not_mixed(
 def test_bad_options(corpus: Path, tmp_path: Path, tokenize: Any, match: str) -> None:
     with pytest.raises(InvalidArgumentError, match=match):
         fc.convert(corpus, tmp_path / "dst", tokenize=tokenize, quiet=True)
+
+
+def test_text_that_is_not_utf8_is_an_item_error(tmp_path: Path) -> None:
+    path = str(_bpe_without_eos(tmp_path / "tok.json"))
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_bytes(b"some words\n\xff\xfe to learn\nwords\n")
+    tokenize = fc.Tokenize(path, eos="none")
+    with pytest.raises(ConversionError, match=r"a\.txt:2 .*the text is not UTF-8"):
+        fc.convert(src, tmp_path / "d1", tokenize=tokenize, quiet=True)
+    result = fc.convert(src, tmp_path / "d2", tokenize=tokenize, on_error="skip", quiet=True)
+    assert [s.item for s in result.skipped] == ["a.txt:2"]
+    assert result.manifest is not None
+    assert result.manifest.metadata["tokens"]["num_documents"] == 2
+
+
+def test_a_tokenizer_callable_must_pickle_and_name_an_id(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def local(text: str) -> list[int]:
+        return [1]
+
+    local.vocab_size = 4  # type: ignore[attr-defined]
+    local.eos_id = 0  # type: ignore[attr-defined]
+    with pytest.raises(InvalidArgumentError, match="cannot be sent to worker processes"):
+        fc.convert(corpus, tmp_path / "d1", tokenize=local, quiet=True)
+    _module(
+        tmp_path,
+        monkeypatch,
+        "tokeos_test",
+        "def ids(text):\n    return [1]\nids.vocab_size = 4\nids.eos_id = '</s>'\n",
+    )
+    with pytest.raises(InvalidArgumentError, match="must be an id or 'none', got '</s>'"):
+        fc.convert(corpus, tmp_path / "d2", tokenize="tokeos_test:ids", quiet=True)
