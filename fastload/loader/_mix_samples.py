@@ -34,7 +34,12 @@ import numpy.typing as npt
 
 from fastload.errors import InvalidArgumentError
 from fastload.loader._dataset import Dataset
-from fastload.loader._mix_schedule import MixIdentity, MixPlan, unique_names
+from fastload.loader._mix_schedule import (
+    MixIdentity,
+    MixPlan,
+    source_epoch_groups,
+    unique_names,
+)
 from fastload.loader._order import ORDER_VERSION
 from fastload.loader._seeds import check_seed
 from fastload.loader._shards import SampleOrder
@@ -75,9 +80,7 @@ class MixedOrder:
         flat = pos.reshape(-1)
         source, src_epoch, src_pos = self.mix.plan.locate(self.epoch, flat)
         out = np.empty_like(flat)
-        groups = np.unique(np.stack([source, src_epoch], axis=1), axis=0)
-        for i, k in groups.tolist():
-            rows = (source == i) & (src_epoch == k)
+        for i, k, rows in source_epoch_groups(source, src_epoch):
             local = self._order(i, k).indices(src_pos[rows])
             out[rows] = k * self.mix.total + self.mix.first_sample[i] + local
         return out.reshape(pos.shape)
@@ -163,6 +166,9 @@ class MixedDataset(MixIdentity, Dataset):
         self.first_shard = np.concatenate([[0], np.cumsum(shards)[:-1]]).astype(np.int64)
         self.shard_sizes = np.concatenate([s.shard_sizes for s in sources]).astype(np.int64)
         self.shard_keys = [k for s in sources for k in s.shard_keys]
+        self._shards: list[tuple[Dataset, int]] = [
+            (s, j) for s in sources for j in range(s.num_shards)
+        ]
         self.shuffle = all(s.shuffle for s in sources)
         self.block_size = None
         self.window = self.plan.window
@@ -275,8 +281,9 @@ class MixedDataset(MixIdentity, Dataset):
         return tuple(np.bincount(source, minlength=len(self.sources)).tolist())
 
     def _shard(self, shard: int) -> tuple[Dataset, int]:
-        i = int(np.searchsorted(self.first_shard, shard, side="right")) - 1
-        return self.sources[i], shard - int(self.first_shard[i])
+        """The source of shard ``shard`` of the union and its number there (a list lookup:
+        this runs for every sample read, decoded and transformed)."""
+        return self._shards[shard]
 
     # ---- reading ----------------------------------------------------------------------------
 
@@ -297,21 +304,18 @@ class MixedDataset(MixIdentity, Dataset):
 
     def decode_raw(self, raw: dict[str, Any], shard: int | None = None) -> Any:
         """Decode with the ``decode`` of the source of ``shard`` (required for a mix)."""
-        ds, _ = self._shard(self._need_shard(shard))
-        return ds.decode_raw(raw)
+        return self._steps_of(shard).decode_raw(raw)
 
     def finish(self, sample: Any, shard: int | None = None) -> Any:
         """Transform and select with the steps of the source of ``shard`` (required)."""
-        ds, _ = self._shard(self._need_shard(shard))
-        return ds.finish(sample)
+        return self._steps_of(shard).finish(sample)
 
-    @staticmethod
-    def _need_shard(shard: int | None) -> int:
+    def _steps_of(self, shard: int | None) -> Dataset:
         if shard is None:
             raise InvalidArgumentError(
                 "a mix decodes each sample with its own source's steps: pass the shard"
             )
-        return shard
+        return self._shards[shard][0]
 
     def describe(self, shard: int, pos: int, key: str | None = None) -> str:
         """Where a sample lives, for error messages (its source's description)."""

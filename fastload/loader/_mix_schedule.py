@@ -41,7 +41,7 @@ import hashlib
 import json
 import math
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -62,6 +62,7 @@ __all__ = [
     "check_mix_state",
     "mix_counts",
     "smooth_pattern",
+    "source_epoch_groups",
     "unique_names",
 ]
 
@@ -283,6 +284,25 @@ class MixPlan:
     def describe(self) -> str:
         """``name: c/M, ...`` for messages and reprs."""
         return ", ".join(f"{n}: {c}/{self.window}" for n, c in zip(self.names, self.counts))
+
+
+def source_epoch_groups(
+    source: IntArray, own_epoch: IntArray
+) -> Iterator[tuple[int, int, IntArray]]:
+    """``(source, own epoch, rows)`` for each pair present among rows of :meth:`MixPlan.locate`'s
+    output, sources in increasing order: what a mix reads with one call per pair (a batch spans
+    few own epochs of each source)."""
+    for i in np.flatnonzero(np.bincount(source)).tolist():
+        rows = np.flatnonzero(source == i)
+        epochs = own_epoch[rows]
+        lo, hi = int(epochs.min()), int(epochs.max())
+        if lo == hi:
+            yield i, lo, rows
+            continue
+        for k in range(lo, hi + 1):
+            some = rows[epochs == k]
+            if len(some):
+                yield i, k, some
 
 
 class MixIdentity:

@@ -16,7 +16,12 @@ import numpy as np
 import numpy.typing as npt
 
 from fastload.errors import InvalidArgumentError
-from fastload.loader._mix_schedule import MixIdentity, MixPlan, unique_names
+from fastload.loader._mix_schedule import (
+    MixIdentity,
+    MixPlan,
+    source_epoch_groups,
+    unique_names,
+)
 from fastload.loader._seeds import check_seed
 from fastload.loader._token_source import TokenBatch, TokenSource
 
@@ -153,10 +158,7 @@ class MixedTokens(MixIdentity):
         source, src_epoch, src_pos = self.plan.locate(epoch, pos)
         tokens = np.empty((len(pos), self._seq_len + 1), dtype=dtype)
         starts = np.empty(tokens.shape, dtype=np.bool_) if with_starts else None
-        # One read per (source, source epoch) present: a batch spans few of them.
-        groups = np.unique(np.stack([source, src_epoch], axis=1), axis=0)
-        for i, k in groups.tolist():
-            rows = np.flatnonzero((source == i) & (src_epoch == k))
+        for i, k, rows in source_epoch_groups(source, src_epoch):
             widen = getattr(self.sources[i], "sequences_as", None)
             if widen is not None and dtype != self.dtype:
                 got = widen(dtype, k, src_pos[rows], with_starts=with_starts)

@@ -10,10 +10,12 @@ refused resumes and sources that cannot be mixed.
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
 import fastload
@@ -196,3 +198,20 @@ def test_mixed_indices_locate_and_describe_the_sample_of_their_source(
     assert mixed.describe(int(shards[0]), int(positions[0])) == b.describe(0, 2)
     assert mixed.shard_url(int(shards[1])) == a.shard_url(1)  # a's sample 6: shard 1
     assert mixed.source_counts([index, 0, 1]) == (2, 1)
+
+
+def test_a_mix_pickles_by_configuration(fake: SimpleNamespace) -> None:
+    a, b = _sources(fake)
+    mixed = fastload.mix({a: 0.7, b: 0.3})
+    copy = pickle.loads(pickle.dumps(mixed))
+    positions = np.arange(len(mixed))
+    assert copy.order(3).indices(positions).tolist() == mixed.order(3).indices(positions).tolist()
+    shards, pos = copy.locate(copy.order(3).indices(positions[:4]))
+    raws = [copy.read_raw(int(s), int(p)) for s, p in zip(shards, pos, strict=True)]
+    assert [r["__key__"] for r in raws if r is not None] == [
+        r["__key__"]
+        for r in (mixed.read_raw(int(s), int(p)) for s, p in zip(shards, pos, strict=True))
+        if r is not None
+    ]
+    assert copy.fingerprint == mixed.fingerprint
+    assert copy.source_names == mixed.source_names

@@ -265,3 +265,23 @@ def test_real_token_mix_resumes_at_every_step_elastic(token_roots: tuple[str, st
         epochs=(0, 1, 2),
     )
     assert report.steps == {0: 5, 1: 5, 2: 5}
+
+
+def test_the_token_loader_refuses_a_resume_with_other_weights_or_sources(
+    token_roots: tuple[str, str],
+) -> None:
+    a = open_tokens(token_roots[0], 8, seed=1, window=4)
+    b = open_tokens(token_roots[1], 8, seed=2, window=4)
+    loader = TokenLoader(fastload.mix({a: 2, b: 1}, epoch_size=24), 6, rank=0, world_size=1)
+    next(iter(loader))
+    state = loader.state_dict()
+    assert state["mix_counts"] == [2, 1]
+    other = TokenLoader(fastload.mix({a: 1, b: 2}, epoch_size=24), 6, rank=0, world_size=1)
+    with pytest.raises(InvalidArgumentError, match=r"mix_counts=\[2, 1\] but"):
+        other.load_state_dict(state)
+    swapped = TokenLoader(fastload.mix({b: 1, a: 2}, epoch_size=24), 6, rank=0, world_size=1)
+    with pytest.raises(InvalidArgumentError, match="another dataset"):
+        swapped.load_state_dict(state)
+    same = TokenLoader(fastload.mix({a: 2, b: 1}, epoch_size=24), 6, rank=0, world_size=1)
+    same.load_state_dict(state)
+    assert len(same) == 3
