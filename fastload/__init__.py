@@ -6,6 +6,7 @@ The public surface:
 * :func:`convert` — raw corpora into WebDataset, TFRecord or LMDB shards (:mod:`fastload.convert`)
 * :func:`open_dataset` and :class:`DataLoader` — exactly-once, resumable PyTorch loading
   (:mod:`fastload.loader`); :func:`mix` mixes datasets by weight
+* :func:`open_tokens` and :class:`TokenLoader` — packed token sequences for LLM pretraining
 * :mod:`fastload.dali` — NVIDIA DALI pipelines fed by fastload datasets
 * :mod:`fastload.errors` — the exception hierarchy
 
@@ -28,10 +29,11 @@ from fastload.storage import open_store
 
 if TYPE_CHECKING:
     from fastload import dali
-    from fastload.loader import DataLoader, mix, open_dataset, to_tuple
+    from fastload.loader import DataLoader, TokenLoader, mix, open_dataset, open_tokens, to_tuple
 
 __all__ = [
     "DataLoader",
+    "TokenLoader",
     "__version__",
     "convert",
     "dali",
@@ -39,6 +41,7 @@ __all__ = [
     "mix",
     "open_dataset",
     "open_store",
+    "open_tokens",
     "to_tuple",
 ]
 
@@ -47,6 +50,8 @@ _LAZY = {
     "DataLoader": ("fastload.loader", "DataLoader"),
     "to_tuple": ("fastload.loader", "to_tuple"),
     "mix": ("fastload.loader", "mix"),
+    "open_tokens": ("fastload.loader", "open_tokens"),
+    "TokenLoader": ("fastload.loader", "TokenLoader"),
     "dali": ("fastload.dali", None),
 }
 

@@ -222,7 +222,8 @@ def medium(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, WrittenTokens
 
 def epoch_rows(source: TokenSource, epoch: int) -> list[list[int]]:
     batch = source.sequences(epoch, np.arange(len(source), dtype=np.int64))
-    return batch.tokens.astype(np.int64).tolist()
+    rows: list[list[int]] = batch.tokens.astype(np.int64).tolist()
+    return rows
 
 
 def test_order_is_a_pure_function_of_seed_and_epoch(medium: tuple[str, WrittenTokens]) -> None:
