@@ -64,6 +64,7 @@ BENCHES: tuple[Bench, ...] = (
     Bench("convert"),
     Bench("tokenize"),
     Bench("loader"),
+    Bench("tokens"),
     Bench("ffcv"),
     Bench("dali"),
     Bench("stream", needs=("radosgw", "ceph-mon", "ceph-osd")),

@@ -77,7 +77,7 @@ def open_tokens(
     store_options: Mapping[str, Any] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_size: int | str = DEFAULT_CACHE_SIZE,
-    max_open_shards: int = 16,
+    max_open_shards: int | None = None,
 ) -> TokenDataset:
     """Open a token dataset (``fastload convert --tokenize``) as packed sequences.
 
@@ -93,7 +93,10 @@ def open_tokens(
         store_options, cache_dir, cache_size: As for :func:`fastload.open_dataset`; with
             ``cache_dir=`` a remote dataset's shards are cached whole on local disk and then
             read memory-mapped.
-        max_open_shards: Shards kept open (mapped) per process.
+        max_open_shards: Shards kept open (mapped, one file descriptor each) per process.
+            ``None``: a quarter of the soft ``RLIMIT_NOFILE``, between 16 and 1,024. A
+            window's blocks come from all over the dataset, so keep it at or above the number
+            of shards: reopening a shard costs a parse of its index.
 
     Raises:
         ManifestError: ``url`` is not a token dataset (no ``metadata["tokens"]``) or its
@@ -108,7 +111,7 @@ def open_tokens(
         store_options=store_options,
         cache_dir=cache_dir,
         cache_size=cache_size,
-        max_open_shards=max_open_shards,
+        max_open_shards=default_open_shards() if max_open_shards is None else max_open_shards,
         prefetch_shards=0,
     )
     layout = TokenLayout.from_metadata(
@@ -123,6 +126,19 @@ def open_tokens(
         window=window,
         max_cached_blocks=max_cached_blocks,
     )
+
+
+def default_open_shards() -> int:
+    """A quarter of the soft limit on open files, between 16 and 1,024."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 16
+    if soft == resource.RLIM_INFINITY:
+        return 1024
+    return max(16, min(1024, soft // 4))
 
 
 class TokenDataset:
