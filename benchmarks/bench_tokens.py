@@ -25,7 +25,9 @@ Contenders, each in a fresh process, alternated (ABC, CBA, ...), data warm in th
 * ``mosaic``: ``streaming.StreamingDataset`` + torch DataLoader (2 workers).
 
 Rate: ids delivered per second (rows x 2,049) after two warm-up batches, over at most one epoch
-(and at most 256 M ids). Ratios: fastload over the memmap gather (goal >= 0.8x) and over litdata
+(and at most 256 M ids); for the contenders that work in one process only (memmap-gather,
+fastload, fastload-u16) also ids per CPU second of that process, which a loaded machine disturbs
+less than wall time. Ratios: fastload over the memmap gather (goal >= 0.8x) and over litdata
 (goal >= 10x). Peers run with ``benchmarks._harness.PEERS_PYTHON`` (``tools/bench-env.sh
 --no-ffcv``); one that cannot run is reported as skipped with the reason.
 
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -221,17 +224,20 @@ def _timed(batches: Iterable[Any], rows_of: Callable[[Any], int], limit: int) ->
     """Ids (rows x (SEQ + 1)) per second after 2 warm-up batches, up to ``limit`` ids."""
     ids = 0
     start = t0 = time.perf_counter()
+    cpu0 = time.process_time()
     for n, batch in enumerate(batches, start=1):
         if n == 2:
-            start, ids = time.perf_counter(), 0
+            start, ids, cpu0 = time.perf_counter(), 0, time.process_time()
         elif n > 2:
             ids += rows_of(batch) * (SEQ + 1)
         if ids >= limit:
             break
+    cpu = time.process_time() - cpu0  # this process only (not worker processes)
     return {
         "tokens": ids,
         "seconds": time.perf_counter() - start,
         "total_s": time.perf_counter() - t0,
+        "cpu_seconds": cpu,
     }
 
 
@@ -348,7 +354,16 @@ def run_contender(kind: str, base: Path) -> dict[str, float]:
 # Parent
 # ---------------------------------------------------------------------------------------------
 
-_TABLE = Table(("loader", 16), ("Mtok/s", 8), ("vs memmap", 10), ("vs litdata", 10))
+_TABLE = Table(
+    ("loader", 16),
+    ("Mtok/s", 8),
+    ("vs memmap", 10),
+    ("vs litdata", 10),
+    ("Mtok/CPU-s", 10),
+    ("vs memmap", 10),
+)
+#: Contenders that do all their work in the measured process (their CPU rate is comparable).
+IN_PROCESS = frozenset({"memmap-gather", "fastload", "fastload-u16"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -391,7 +406,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         results[kind].append(res)
         print_round(r, f"{kind:16s}", res, unit="Mtok/s", amount="tokens", scale=1e6)
     rates = {k: median_rate(v, "tokens") for k, v in results.items()}
+    cpu_rates = {k: _median_cpu_rate(v) if k in IN_PROCESS else None for k, v in results.items()}
     limit, lit = rates.get("memmap-gather"), rates.get("litdata")
+    cpu_limit = cpu_rates.get("memmap-gather")
     print(
         f"\n== W2 tokens: {num_tokens / 1e6:.0f} M ids, 2049-id rows, batch {BATCH} (medians of {rounds} rounds) =="
     )
@@ -400,26 +417,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         if rate is None:
             print(_TABLE.error(kind, results[kind][-1].get("error", "")))
             continue
+        cpu = cpu_rates.get(kind)
         print(
             _TABLE.row(
                 kind,
                 f"{rate / 1e6:.0f}",
                 fmt_ratio(ratio(rate, limit)),
                 fmt_ratio(ratio(rate, lit)),
+                "-" if cpu is None else f"{cpu / 1e6:.0f}",
+                fmt_ratio(ratio(cpu, cpu_limit)),
             )
         )
     for kind, why in skipped.items():
         print(f"skipped {kind}: {why}")
     print("goals: fastload >= 0.80x memmap-gather, >= 10x litdata")
+    print("Mtok/CPU-s: ids per CPU second of the measured process, in-process contenders only")
     if args.json:
         report = {
             "rates_tok_per_s": rates,
+            "cpu_rates_tok_per_cpu_s": cpu_rates,
             "skipped": skipped,
             "config": {"tokens": num_tokens, "rounds": rounds, "quick": args.quick},
             "elapsed_s": time.perf_counter() - t0,
         }
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0
+
+
+def _median_cpu_rate(runs: list[dict[str, Any]]) -> float | None:
+    """Median ids per CPU second of the measured process over the successful runs."""
+    ok = [r["tokens"] / r["cpu_seconds"] for r in runs if "error" not in r and r.get("cpu_seconds")]
+    return statistics.median(ok) if ok else None
 
 
 if __name__ == "__main__":
