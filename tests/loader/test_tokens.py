@@ -443,3 +443,52 @@ def test_is_a_token_source(medium: tuple[str, WrittenTokens]) -> None:
     # The data's identity; seq_len is an order option, checked on its own.
     assert source.fingerprint == open_tokens(root, 8).fingerprint
     assert source.order_options()["seq_len"] == 16
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    layout=layouts_st,
+    block_tokens=st.integers(2, 12),
+    seq_len=st.integers(2, 6),
+    global_batch=st.sampled_from([2, 4, 6]),
+    drop_last=st.booleans(),
+)
+def test_resume_anywhere_property(
+    layout: tuple[list[int], list[int]],
+    block_tokens: int,
+    seq_len: int,
+    global_batch: int,
+    drop_last: bool,
+) -> None:
+    """check_resume over random shard layouts: every step, world sizes dividing the global batch."""
+    lengths, shard_docs = split_docs(*layout)
+    lengths = [*lengths, 3 * global_batch * seq_len]  # a few global steps at least
+    shard_docs = [*shard_docs, 1]
+    store = MemoryStore()
+    unique_dataset(store, lengths, shard_docs, block_tokens=block_tokens)
+    source = open_tokens(store, seq_len, seed=11, window=3)
+
+    def make(*, world_size: int, rank: int, batch_size: int, num_workers: int) -> TokenLoader:
+        return TokenLoader(
+            source, batch_size, rank=rank, world_size=world_size, drop_last=drop_last
+        )
+
+    worlds = [w for w in (2, 1, 3, 6) if global_batch % w == 0]
+    check_resume(
+        make,
+        global_batch_size=global_batch,
+        sample_ids=lambda batch: [int(x) for x in batch["input_ids"][:, 0]],
+        layouts=[Layout(w) for w in worlds],
+        complete=not drop_last,
+        stop_checks=1,
+    )
+
+
+def test_remote_store_through_a_cache_is_mapped(tmp_path: Any) -> None:
+    store = MemoryStore()
+    written = unique_dataset(store, [30] * 20, [5, 5, 10], block_tokens=16)
+    source = open_tokens(store, 10, seed=2, cache_dir=str(tmp_path / "cache"))
+    stream = chain(epoch_rows(source, 0))
+    check_block_stream(stream, written)
+    assert source.blocks.maps == 3  # each shard fetched into the cache and mapped once
+    assert source.blocks.reads == 0
