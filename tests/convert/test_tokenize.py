@@ -311,6 +311,27 @@ def test_inspect_and_verify_a_token_dataset(tmp_path: Path) -> None:
         timeout=120,
     )
     layout = read_tokens(dst)[0]
+    again = subprocess.run(
+        [
+            *CLI,
+            "convert",
+            str(tmp_path / "src"),
+            str(dst),
+            "--tokenize",
+            "byte",
+            "--text-field",
+            "body",
+            "--block-tokens",
+            "300",
+            "--shard-samples",
+            "20",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stderr
+    assert f"(source jsonl, no class list) holding {layout.num_tokens} tokens of 59 docu" in again
     shown = subprocess.run(
         [*CLI, "inspect", str(dst)], capture_output=True, text=True, check=True, timeout=60
     ).stdout
