@@ -65,6 +65,7 @@ BENCHES: tuple[Bench, ...] = (
     Bench("tokenize"),
     Bench("loader"),
     Bench("tokens"),
+    Bench("mix"),
     Bench("ffcv"),
     Bench("dali"),
     Bench("stream", needs=("radosgw", "ceph-mon", "ceph-osd")),

@@ -265,7 +265,7 @@ class MixedDataset(MixIdentity, Dataset):
         source, local = self._source_of(np.asarray(indices, dtype=np.int64))
         shard = np.empty_like(local)
         pos = np.empty_like(local)
-        for i in np.unique(source).tolist():
+        for i in np.flatnonzero(np.bincount(source)).tolist():
             rows = source == i
             s, p = self.sources[i].locate(local[rows])
             shard[rows], pos[rows] = s + self.first_shard[i], p

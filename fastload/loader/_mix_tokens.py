@@ -144,7 +144,9 @@ class MixedTokens(MixIdentity):
         with_starts: bool = False,
     ) -> TokenBatch:
         """:meth:`sequences` with ids of ``dtype`` (e.g. ``int64``), converted while they are
-        copied into the batch (sources that can convert while copying are asked to)."""
+        copied into the batch (one pass: the sources' stored ids are read and converted into
+        the mixed batch at once, cheaper than asking each source to convert and copying
+        again)."""
         return self._gather(np.dtype(dtype), epoch, positions, with_starts)
 
     def _gather(
@@ -159,12 +161,8 @@ class MixedTokens(MixIdentity):
         tokens = np.empty((len(pos), self._seq_len + 1), dtype=dtype)
         starts = np.empty(tokens.shape, dtype=np.bool_) if with_starts else None
         for i, k, rows in source_epoch_groups(source, src_epoch):
-            widen = getattr(self.sources[i], "sequences_as", None)
-            if widen is not None and dtype != self.dtype:
-                got = widen(dtype, k, src_pos[rows], with_starts=with_starts)
-            else:
-                got = self.sources[i].sequences(k, src_pos[rows], with_starts=with_starts)
-            tokens[rows] = got.tokens
+            got = self.sources[i].sequences(k, src_pos[rows], with_starts=with_starts)
+            tokens[rows] = got.tokens  # converts to ``dtype`` while copying
             if starts is not None:
                 if got.starts is None:
                     raise InvalidArgumentError(
