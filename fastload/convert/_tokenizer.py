@@ -48,6 +48,7 @@ __all__ = [
     "DEFAULT_BLOCK_TOKENS",
     "EOS_CANDIDATES",
     "Encoder",
+    "TokenFn",
     "Tokenize",
     "TokenizerSpec",
     "encoder",
@@ -65,6 +66,7 @@ EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "[SEP]")
 #: Sources whose samples hold no text to tokenize.
 _NO_TEXT_SOURCES = ("imagefolder",)
 
+#: A tokenizer function: a document's text -> its ids (a list or 1-D integer array).
 TokenFn = Callable[[str], Any]
 
 
