@@ -250,19 +250,19 @@ class TokenDataset:
         """:meth:`sequences` with ``tokens`` of ``dtype`` (an integer dtype that holds every id:
         the stored one, ``int32`` or ``int64``), converted while they are copied."""
         pos = np.asarray(positions, dtype=np.int64).reshape(-1)
-        if pos.size and (int(pos.min()) < 0 or int(pos.max()) >= self._num_sequences):
-            raise InvalidArgumentError(
-                f"sequence positions must lie in [0, {self._num_sequences}), got "
-                f"[{int(pos.min())}, {int(pos.max())}]"
-            )
         width = self._seq_len + 1
         out = np.empty((len(pos), width), dtype=dtype)
         starts = np.zeros((len(pos), width), dtype=np.bool_) if with_starts else None
         if not pos.size:
             return TokenBatch(out, starts)
+        low, high = int(pos.min()), int(pos.max())
+        if low < 0 or high >= self._num_sequences:
+            raise InvalidArgumentError(
+                f"sequence positions must lie in [0, {self._num_sequences}), got [{low}, {high}]"
+            )
         flat = out.reshape(-1)
         marks = None if starts is None else starts.reshape(-1)
-        first = (self.sequence_of(epoch, pos) * self._seq_len).tolist()
+        first = (self._sequence_of(epoch, pos, low, high) * self._seq_len).tolist()
         table = self._window_table(epoch, first[0])
         lo, hi, at, arrays, firsts, lengths = table.parts()
         bisect_right = bisect.bisect_right
@@ -292,13 +292,17 @@ class TokenDataset:
     def sequence_of(self, epoch: int, positions: npt.ArrayLike) -> IntArray:
         """The sequence number ``k`` at each position of ``epoch`` (module doc)."""
         pos = np.asarray(positions, dtype=np.int64)
+        if not pos.size:
+            return pos.copy()
+        return self._sequence_of(epoch, pos, int(pos.min()), int(pos.max()))
+
+    def _sequence_of(self, epoch: int, pos: IntArray, low: int, high: int) -> IntArray:
+        """:meth:`sequence_of` of non-empty ``pos`` whose least and greatest are given."""
         if not self.shuffle:
             return pos.copy()
         check_seed("epoch", epoch)
-        if not pos.size:
-            return pos.copy()
-        w = int(pos.min()) // self.window
-        if int(pos.max()) // self.window == w:  # the usual case: a batch within one window
+        w = low // self.window
+        if high // self.window == w:  # the usual case: a batch within one window
             base = w * self.window
             out: IntArray = base + self._window_perm(epoch, w)[pos - base]
             return out
