@@ -48,6 +48,8 @@ from fastload.storage import Store
 __all__ = ["MixedDataset", "MixedOrder"]
 
 IntArray = npt.NDArray[np.int64]
+#: What a single dataset has and a mix does not (they describe one manifest's shards).
+_ONE_DATASET = frozenset({"manifest", "format_name", "_format", "index_keys", "prefix"})
 
 
 class MixedOrder:
@@ -326,6 +328,16 @@ class MixedDataset(MixIdentity, Dataset):
         """Close this process's open shard readers of every source."""
         for s in self.sources:
             s.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for attributes a mix does not have: a single dataset's manifest and layout.
+        if name in _ONE_DATASET:
+            raise InvalidArgumentError(
+                f"a mix has no {name.lstrip('_')}: it reads several datasets (DALI loaders and "
+                "tools that read one dataset's manifest do not take mixes); use one of "
+                "mix.sources there"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __getitem__(self, index: int) -> Any:
         raise InvalidArgumentError(

@@ -173,6 +173,12 @@ def test_sources_that_cannot_be_mixed_are_refused(fake: SimpleNamespace) -> None
         fastload.mix({mixed: 1})
     with pytest.raises(InvalidArgumentError, match="no map-style access"):
         mixed[0]
+    with pytest.raises(InvalidArgumentError, match=r"a mix has no manifest: .*DALI"):
+        _ = mixed.manifest
+    with pytest.raises(InvalidArgumentError, match="a mix has no format"):
+        _ = mixed.format
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        _ = mixed.nonsense
 
 
 def test_a_token_dataset_url_is_sent_to_the_token_opener(
