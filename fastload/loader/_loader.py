@@ -90,7 +90,9 @@ class DataLoader:
     * ``in_order`` must stay ``True`` (exact resumption needs the batches in step order).
 
     Args:
-        dataset: A :class:`~fastload.loader.Dataset` from :func:`fastload.open_dataset`.
+        dataset: A :class:`~fastload.loader.Dataset` from :func:`fastload.open_dataset`, or a
+            weighted mix of several from :func:`fastload.mix` (:meth:`stats` then counts each
+            source's samples).
         batch_size: Samples per batch on this rank.
         shuffle: Override the dataset's ``shuffle``.
         num_workers: Worker processes (0 = load in the main process, with I/O threads).
