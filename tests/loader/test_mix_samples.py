@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import fastload
 import fastload.loader as fl
@@ -221,3 +223,67 @@ def test_a_mix_pickles_by_configuration(fake: SimpleNamespace) -> None:
     ]
     assert copy.fingerprint == mixed.fingerprint
     assert copy.source_names == mixed.source_names
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    weights=st.lists(st.integers(1, 5), min_size=1, max_size=3),
+    data=st.data(),
+    world=st.sampled_from([1, 2, 4]),
+    per_rank=st.integers(1, 4),
+    epoch=st.integers(0, 2),
+)
+def test_exact_windows_through_the_dataloader_across_world_sizes_and_resume_points(
+    fake: SimpleNamespace,
+    weights: list[int],
+    data: st.DataObject,
+    world: int,
+    per_rank: int,
+    epoch: int,
+) -> None:
+    sizes = data.draw(st.lists(st.integers(1, 9), min_size=len(weights), max_size=len(weights)))
+    sources = [fake.make_dataset([n], seed=i, transform=tag) for i, n in enumerate(sizes)]
+    mixed = fastload.mix([(s, w) for s, w in zip(sources, weights, strict=True)])
+    g = world * per_rank
+    other = data.draw(st.sampled_from([w for w in (1, 2, 4) if g % w == 0]))
+
+    def global_steps(w: int, state: dict[str, Any] | None = None) -> list[list[int]]:
+        loaders = [
+            fl.DataLoader(mixed, batch_size=g // w, rank=r, world_size=w, collate_fn=as_list)
+            for r in range(w)
+        ]
+        per_rank_batches = []
+        for loader in loaders:
+            if state is not None:
+                loader.load_state_dict(state)
+            loader.set_epoch(epoch)
+            per_rank_batches.append([[index for _, index in batch] for batch in loader])
+        return [
+            [i for batch in step for i in batch] for step in zip(*per_rank_batches, strict=True)
+        ]
+
+    reference = global_steps(world)
+    # Every aligned window of the epoch's positions holds exactly the counts (positions are
+    # counted from the start of the run: an epoch starts at e x L).
+    stream = [_source_of(mixed, i) for step in reference for i in step][: len(mixed)]
+    m, start = mixed.plan.window, epoch * len(mixed)
+    for lo in range(-start % m, len(stream) - m + 1, m):
+        counts = Counter(stream[lo : lo + m])
+        assert [counts[i] for i in range(len(sources))] == list(mixed.plan.counts)
+    # Resumed at a random step with another world size: the same samples, step by step (the
+    # padding of the last step aside, which depends on the world size).
+    k = data.draw(st.integers(0, len(reference)))
+    probe = fl.DataLoader(mixed, batch_size=per_rank, rank=0, world_size=world, collate_fn=as_list)
+    probe.set_epoch(epoch)
+    it = iter(probe)
+    for _ in range(k):
+        next(it)
+    resumed = global_steps(other, probe.state_dict())
+    assert len(resumed) == len(reference) - k
+    for got, want in zip(resumed[:-1], reference[k:-1], strict=True):
+        assert got == want
+    if resumed:  # the last step: its padding repeats earlier samples of the epoch
+        earlier = {i for step in reference[:-1] for i in step}
+        assert set(resumed[-1]) - earlier == set(reference[-1]) - earlier
