@@ -263,27 +263,32 @@ class TokenDataset:
         flat = out.reshape(-1)
         marks = None if starts is None else starts.reshape(-1)
         first = (self._sequence_of(epoch, pos, low, high) * self._seq_len).tolist()
+        if marks is not None:
+            table = self._window_table(epoch, first[0])
+            for row, a in enumerate(first):
+                if not table.start <= a < table.stop:
+                    table = self._window_table(epoch, a)
+                table.copy(flat, row * width, a, width, marks)
+            return TokenBatch(out, starts)
         table = self._window_table(epoch, first[0])
-        lo, hi, at, arrays, firsts, lengths = table.parts()
+        lo, hi, at, arrays, firsts, lengths, ends, base = table.parts()
         bisect_right = bisect.bisect_right
         dest = 0
         for a in first:
             if not lo <= a < hi:
                 table = self._window_table(epoch, a)
-                lo, hi, at, arrays, firsts, lengths = table.parts()
+                lo, hi, at, arrays, firsts, lengths, ends, base = table.parts()
             j = bisect_right(at, a) - 1
-            room = lengths[j] - (a - at[j])
-            f = firsts[j] + a - at[j]
-            if marks is not None:
-                table.copy(flat, dest, a, width, marks)
-            elif room >= width:  # the usual case: one piece
+            room = ends[j] - a
+            f = base[j] + a
+            if room >= width:  # the usual case: one piece
                 flat[dest : dest + width] = arrays[j][f : f + width]
-            elif room + lengths[j + 1] >= width:  # two pieces (a window ends after a piece)
+            elif room + lengths[j + 1] >= width:  # two pieces
                 flat[dest : dest + room] = arrays[j][f : f + room]
                 g = firsts[j + 1]
                 flat[dest + room : dest + width] = arrays[j + 1][g : g + width - room]
-            else:  # short blocks
-                table.copy(flat, dest, a, width, marks)
+            else:  # more (short blocks)
+                table.copy(flat, dest, a, width, None)
             dest += width
         return TokenBatch(out, starts)
 
@@ -385,7 +390,9 @@ class _WindowTable:
     __slots__ = (
         "_blocks",
         "arrays",
+        "base",
         "blocks",
+        "ends",
         "firsts",
         "lengths",
         "sources",
@@ -414,12 +421,27 @@ class _WindowTable:
         self.blocks = list(zip(shards, blocks_of, insides, strict=True))  # (shard, block, offset)
         # Each piece's ids array and the index of its first id in it.
         self.arrays, self.firsts = blocks.locate_all(shards, blocks_of, insides)
+        self.ends = [a + n for a, n in zip(self.starts, self.lengths, strict=True)]
+        self.base = [f - a for f, a in zip(self.firsts, self.starts, strict=True)]
 
     def parts(
         self,
-    ) -> tuple[int, int, list[int], list[npt.NDArray[Any]], list[int], list[int]]:
-        """``(start, stop, piece starts, arrays, firsts, lengths)``, for a caller's fast path."""
-        return self.start, self.stop, self.starts, self.arrays, self.firsts, self.lengths
+    ) -> tuple[
+        int, int, list[int], list[npt.NDArray[Any]], list[int], list[int], list[int], list[int]
+    ]:
+        """``(start, stop, piece starts, arrays, firsts, lengths, ends, base)`` for a caller's
+        fast path: piece ``j`` covers stream ``[starts[j], ends[j])``, and stream position
+        ``a`` in it is ``arrays[j][base[j] + a]``."""
+        return (
+            self.start,
+            self.stop,
+            self.starts,
+            self.arrays,
+            self.firsts,
+            self.lengths,
+            self.ends,
+            self.base,
+        )
 
     def copy(
         self,
