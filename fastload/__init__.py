@@ -5,7 +5,8 @@ The public surface:
 * :func:`open_store` — bytes under keys on local disk, S3/Ceph RGW, HDFS, ... (:mod:`fastload.storage`)
 * :func:`convert` — raw corpora into WebDataset, TFRecord or LMDB shards (:mod:`fastload.convert`)
 * :func:`open_dataset` and :class:`DataLoader` — exactly-once, resumable PyTorch loading
-  (:mod:`fastload.loader`)
+  (:mod:`fastload.loader`); :func:`mix` mixes datasets by weight
+* :func:`open_tokens` and :class:`TokenLoader` — packed token sequences for LLM pretraining
 * :mod:`fastload.dali` — NVIDIA DALI pipelines fed by fastload datasets
 * :mod:`fastload.errors` — the exception hierarchy
 
@@ -28,16 +29,19 @@ from fastload.storage import open_store
 
 if TYPE_CHECKING:
     from fastload import dali
-    from fastload.loader import DataLoader, open_dataset, to_tuple
+    from fastload.loader import DataLoader, TokenLoader, mix, open_dataset, open_tokens, to_tuple
 
 __all__ = [
     "DataLoader",
+    "TokenLoader",
     "__version__",
     "convert",
     "dali",
     "errors",
+    "mix",
     "open_dataset",
     "open_store",
+    "open_tokens",
     "to_tuple",
 ]
 
@@ -45,6 +49,9 @@ _LAZY = {
     "open_dataset": ("fastload.loader", "open_dataset"),
     "DataLoader": ("fastload.loader", "DataLoader"),
     "to_tuple": ("fastload.loader", "to_tuple"),
+    "mix": ("fastload.loader", "mix"),
+    "open_tokens": ("fastload.loader", "open_tokens"),
+    "TokenLoader": ("fastload.loader", "TokenLoader"),
     "dali": ("fastload.dali", None),
 }
 

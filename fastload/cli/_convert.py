@@ -8,12 +8,14 @@ from typing import TYPE_CHECKING, Any
 from fastload.cli._common import (
     EXIT_OK,
     EXIT_SKIPPED,
+    UsageError,
     add_command,
     positive_int,
     registered,
     size,
 )
 from fastload.cli._store_options import add_store_options, check_endpoint_used, options_for
+from fastload.convert._tokenizer import DEFAULT_BLOCK_TOKENS, Tokenize
 
 if TYPE_CHECKING:
     from fastload.convert import ConvertResult
@@ -107,7 +109,61 @@ def add(sub: Any) -> None:
     )
     p.add_argument("--prefix", default="shard", help="shard name prefix (default: shard)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress and no summary")
+    t = p.add_argument_group(
+        "token datasets",
+        "tokenize each record's text into blocks of token ids (see fastload/convert/README.md)",
+    )
+    t.add_argument(
+        "--tokenize",
+        metavar="TOKENIZER",
+        default=None,
+        help="a Hugging Face tokenizer.json file (local), MODULE:FUNCTION returning ids, or byte",
+    )
+    t.add_argument(
+        "--text-field",
+        default=None,
+        help="the field (JSONL key, CSV/Parquet column) holding the text (default: text)",
+    )
+    t.add_argument(
+        "--eos",
+        default=None,
+        help="token or id appended after each document, or none (default: the tokenizer's own)",
+    )
+    t.add_argument(
+        "--block-tokens",
+        type=positive_int,
+        default=None,
+        help=f"token ids per block, i.e. per sample (default {DEFAULT_BLOCK_TOKENS})",
+    )
     add_store_options(p, src=True)
+
+
+def _tokenize(args: argparse.Namespace) -> Tokenize | None:
+    """The :class:`Tokenize` options of ``--tokenize`` and its companions (``None`` without it).
+
+    Raises:
+        UsageError: A companion option without ``--tokenize``.
+    """
+    if args.tokenize is None:
+        given = [
+            flag
+            for flag, value in (
+                ("--text-field", args.text_field),
+                ("--eos", args.eos),
+                ("--block-tokens", args.block_tokens),
+            )
+            if value is not None
+        ]
+        if given:
+            raise UsageError(f"{', '.join(given)} only applies with --tokenize TOKENIZER")
+        return None
+    eos = int(args.eos) if args.eos is not None and args.eos.strip().isdigit() else args.eos
+    return Tokenize(
+        args.tokenize,
+        text_field=args.text_field,
+        eos=eos,
+        block_tokens=args.block_tokens or DEFAULT_BLOCK_TOKENS,
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -118,6 +174,7 @@ def _run(args: argparse.Namespace) -> int:
         args.src,
         args.dst,
         **{name: getattr(args, name) for name in _PASSED_ON},
+        tokenize=_tokenize(args),
         store_options=options_for(args.dst, args, args.store_options),
         source_options=options_for(args.src, args, args.src_store_options),
     )

@@ -92,6 +92,16 @@ def _run_inspect(args: argparse.Namespace) -> int:
     if isinstance(classes, list):
         shown = ", ".join(map(str, classes[:10])) + (" ..." if len(classes) > 10 else "")
         out(f"classes   {len(classes)}: {shown}")
+    tokens = info.get("tokens")
+    if tokens is not None:  # a token dataset (fastload/formats/tokens.py)
+        tokenizer = tokens.get("tokenizer") or {}
+        name = tokenizer.get("file") or tokenizer.get("function") or ""
+        out(
+            f"tokens    {tokens['tokens']} in {tokens['documents']} documents ({tokens['dtype']}, "
+            f"vocab {tokens['vocab_size']}, EOS {tokens['eos_id']}, blocks of "
+            f"{tokens['block_tokens']}; tokenizer {tokenizer.get('kind', '?')}"
+            + (f" {name})" if name else ")")
+        )
     out()
     out("schema")
     out(

@@ -11,6 +11,7 @@ from fastload.convert._convert import convert
 from fastload.convert._plan import parse_size
 from fastload.convert._results import ConvertResult, SkippedItem
 from fastload.convert._state import SKIPPED_KEY
+from fastload.convert._tokenizer import Tokenize
 from fastload.convert.sources import (
     SOURCES,
     ConversionError,
@@ -37,6 +38,7 @@ __all__ = [
     "IndexResult",
     "SkippedItem",
     "Source",
+    "Tokenize",
     "Unit",
     "VerifyReport",
     "convert",

@@ -41,13 +41,13 @@ from fastload._version import __version__
 from fastload.convert._guard import Guard, check_not_inside
 from fastload.convert._map import MapFn, map_name, resolve_map
 from fastload.convert._plan import (
-    DEFAULT_SHARD_SIZE,
     ConversionPlan,
     PlanStream,
     ShardLayout,
     ShardPlan,
-    parse_size,
+    option_name,
     planned_units,
+    shard_size_limit,
 )
 from fastload.convert._pool import (
     Executor,
@@ -77,6 +77,8 @@ from fastload.convert._state import (
     shards_to_write,
     write_plan,
 )
+from fastload.convert._token_blocks import check_text_field, token_metadata
+from fastload.convert._tokenizer import TokenFn, Tokenize, TokenizerSpec, resolve_tokenizer
 from fastload.convert._worker import ShardJob
 from fastload.convert.sources import SOURCES, ConversionError, Source, Unit, open_source
 from fastload.errors import InvalidArgumentError
@@ -114,6 +116,7 @@ def convert(
     store_options: Mapping[str, Any] | None = None,
     source_options: Mapping[str, Any] | None = None,
     progress_stream: IO[str] | None = None,
+    tokenize: str | TokenFn | Tokenize | None = None,
 ) -> ConvertResult:
     """Convert a corpus into a sharded dataset with a ``fastload.json`` manifest.
 
@@ -156,6 +159,9 @@ def convert(
         store_options: Options for the destination store (e.g. ``endpoint_url``).
         source_options: Options for the source store.
         progress_stream: Where progress and the summary go (default ``sys.stderr``).
+        tokenize: Make a token dataset (README "Token datasets"; the samples are blocks of ids,
+            :mod:`fastload.formats.tokens`): a :class:`Tokenize`, or its tokenizer alone (a
+            ``tokenizer.json`` path, ``"module:function"`` or ``"byte"``).
 
     Returns:
         A :class:`ConvertResult`.
@@ -175,17 +181,17 @@ def convert(
         ObjectNotFoundError: ``src`` does not exist.
     """
     start = time.monotonic()
-    ErrorPolicy.check(on_error, choices=_ON_ERROR, name=_option("on_error"))
+    ErrorPolicy.check(on_error, choices=_ON_ERROR, name=option_name("on_error"))
     fmt = get_format(format)
     format_name = FORMATS.canonical(format)
-    size_limit = _shard_size(shard_size, shard_samples)
+    size_limit = shard_size_limit(shard_size, shard_samples)
     if shard_samples is not None:
-        check_int(_option("shard_samples"), shard_samples, minimum=1)
+        check_int(option_name("shard_samples"), shard_samples, minimum=1)
     n_workers = (os.cpu_count() or 1) if workers is None else workers
-    check_int(_option("workers"), n_workers, minimum=1)
+    check_int(option_name("workers"), n_workers, minimum=1)
     if not prefix or "/" in prefix or prefix.startswith((".", "_")):
         raise InvalidArgumentError(
-            f"{_option('prefix')} {prefix!r} must be a non-empty name without '/' that does not "
+            f"{option_name('prefix')} {prefix!r} must be a non-empty name without '/' that does not "
             "start with '.' or '_'"
         )
     map_dir = os.getcwd() if isinstance(map_fn, str) else None
@@ -202,6 +208,9 @@ def convert(
         source = open_source(src, source_type=source_type, store_options=source_options)
         warn = WarningPrinter(source.warnings, stream, quiet)
         warn()
+        spec = None
+        if tokenize is not None:
+            spec = resolve_tokenizer(tokenize, SOURCES.canonical(source.type_name), os.getcwd())
         dst_store = open_store(dst, **dict(store_options or {}))
         check_not_inside(source.store, source.keys is not None, dst_store)
         use_pool = (
@@ -228,6 +237,7 @@ def convert(
             shard_size=size_limit,
             map_fn=map_fn,
             keep_units=not dry_run,
+            tokenize=spec,
         )
         if dry_run:
             whole = _whole(plan, replay, source, plan_skipped, warn)
@@ -251,6 +261,8 @@ def convert(
         warn()
         if first is None:
             raise _no_samples(source, plan_skipped)
+        if spec is not None and on_error == "raise":
+            check_text_field(source, first[1], spec)
         progress = Progress(0, 0, quiet=quiet, stream=stream)
 
         # 2. destination state: ours alone from here on; what dead runs left goes
@@ -291,7 +303,7 @@ def convert(
             for shard, units in shards_to_write(dst_store, shards, found, done.keep):
                 progress.planned(plan.num_samples, plan.est_bytes, complete=plan.complete)
                 yield ShardJob(
-                    source, dst_store, format_name, shard, units, map_fn, on_error, map_dir
+                    source, dst_store, format_name, shard, units, map_fn, on_error, map_dir, spec
                 )
 
         ahead = list(itertools.islice(feed := jobs(), 2))  # one job is written in this process
@@ -340,25 +352,6 @@ def convert(
                     stream.flush()
 
 
-def _option(name: str) -> str:
-    """An option as messages name it, for the Python API and the command line at once:
-    ``shard_samples (--shard-samples)``."""
-    flag = {"map_fn": "--map"}.get(name, "--" + name.replace("_", "-"))
-    return f"{name} ({flag})"
-
-
-def _shard_size(shard_size: int | str | None, shard_samples: int | None) -> int | None:
-    """The shard size limit in bytes: ``shard_size`` parsed, the default when neither limit is
-    given, else ``None`` (only ``shard_samples`` limits the shards)."""
-    try:
-        size_limit = parse_size(shard_size) if shard_size is not None else None
-    except InvalidArgumentError as exc:
-        raise InvalidArgumentError(f"{_option('shard_size')}: {exc}") from None
-    if size_limit is None and shard_samples is None:
-        return DEFAULT_SHARD_SIZE
-    return size_limit
-
-
 def _plan(
     source: Source,
     fmt: Format,
@@ -373,6 +366,7 @@ def _plan(
     shard_size: int | None,
     map_fn: str | MapFn | None,
     keep_units: bool,
+    tokenize: TokenizerSpec | None,
 ) -> tuple[PlanStream, Callable[[], Iterable[Unit]]]:
     """Plan the conversion of ``source`` as it is enumerated: its samples in order (shuffled if
     asked) cut into shards, each shard given with its units (if ``keep_units``) as soon as it is
@@ -390,7 +384,7 @@ def _plan(
         skipped.append(SkippedItem(item, reason, None))
 
     units, replay = planned_units(source, report, shuffle=shuffle, seed=seed)
-    options = {
+    options: dict[str, Any] = {
         "format": format_name,
         "shard_size": shard_size,
         "shard_samples": shard_samples,
@@ -400,7 +394,10 @@ def _plan(
         "map": map_name(map_fn),
         "source_type": SOURCES.canonical(source.type_name),
     }
-    layout = ShardLayout(format_name, fmt.extension, prefix, shard_samples, shard_size)
+    if tokenize is not None:  # only then: other plans keep their hashes
+        options["tokenize"] = tokenize.identity()
+    token_size = tokenize.token_size if tokenize is not None else None
+    layout = ShardLayout(format_name, fmt.extension, prefix, shard_samples, shard_size, token_size)
     return PlanStream(units, layout, source.describe(), options, keep_units=keep_units), replay
 
 
@@ -485,7 +482,7 @@ def _finish(
             "skipped": len(skipped),
             "dropped": dropped,
         },
-        metadata=source.metadata(),
+        metadata=token_metadata(store, plan, records, infos, source.metadata()),
     )
     with space_for(store, MANIFEST_NAME):
         write_manifest(store, manifest)

@@ -23,8 +23,17 @@ __all__ = ["MapFn", "describe", "map_name", "raised_where", "resolve_map", "user
 MapFn = Callable[[dict[str, Any]], "dict[str, Any] | None"]
 
 
-def resolve_map(spec: str | MapFn | None, search_dir: str | None = None) -> MapFn | None:
+def resolve_map(
+    spec: str | MapFn | None,
+    search_dir: str | None = None,
+    *,
+    what: str = "map function",
+    takes: str = "takes a sample and returns a sample or None",
+) -> MapFn | None:
     """The map function ``spec`` names (``"module:function"``), or ``spec`` if it is one.
+
+    ``what`` and ``takes`` name the function's role in messages (the ``--tokenize`` function
+    is found the same way: ``what="tokenizer function"``).
 
     ``search_dir`` (the directory the conversion was started from) is appended to ``sys.path``
     first, so that ``mymap.py`` there is found, like ``python -m`` finds it; appended, not
@@ -40,12 +49,12 @@ def resolve_map(spec: str | MapFn | None, search_dir: str | None = None) -> MapF
     module_name, sep, qualname = spec.partition(":")
     if not sep or not module_name or not qualname:
         raise InvalidArgumentError(
-            f"map function {spec!r} must be written 'module:function' (an importable module and "
-            "a function in it that takes a sample and returns a sample or None)"
+            f"{what} {spec!r} must be written 'module:function' (an importable module and "
+            f"a function in it that {takes})"
         )
     if search_dir and search_dir not in sys.path:
         sys.path.append(search_dir)
-    module = _import_map_module(spec, module_name, search_dir)
+    module = _import_map_module(spec, module_name, search_dir, what)
     obj: Any = module
     for n, part in enumerate(qualname.split(".")):
         try:
@@ -53,17 +62,17 @@ def resolve_map(spec: str | MapFn | None, search_dir: str | None = None) -> MapF
         except AttributeError:
             owner = module_name + "".join("." + p for p in qualname.split(".")[:n])
             raise InvalidArgumentError(
-                f"cannot load map function {spec!r}: {_describe_module(obj, owner)} has no "
+                f"cannot load {what} {spec!r}: {_describe_module(obj, owner)} has no "
                 f"attribute {part!r}{_close_names(part, obj)}"
             ) from None
     if not callable(obj):
-        raise InvalidArgumentError(f"map function {spec!r} is a {type(obj).__name__}, not callable")
+        raise InvalidArgumentError(f"{what} {spec!r} is a {type(obj).__name__}, not callable")
     result: MapFn = obj
     return result
 
 
-def _import_map_module(spec: str, module_name: str, search_dir: str | None) -> Any:
-    """Import the module of map function ``spec``; tell a missing module from a failing one."""
+def _import_map_module(spec: str, module_name: str, search_dir: str | None, what: str) -> Any:
+    """Import the module of ``what`` ``spec``; tell a missing module from a failing one."""
     error: BaseException
     try:
         return importlib.import_module(module_name)
@@ -75,7 +84,7 @@ def _import_map_module(spec: str, module_name: str, search_dir: str | None) -> A
             if search_dir and "." not in module_name:
                 hint = _close_files(module_name, search_dir)
             raise InvalidArgumentError(
-                f"cannot load map function {spec!r}: there is no module {missing!r}; it must be "
+                f"cannot load {what} {spec!r}: there is no module {missing!r}; it must be "
                 f"a file {missing.replace('.', '/')}.py (or a package) in {here}a directory on "
                 f"PYTHONPATH, or installed{hint}"
             ) from None
@@ -83,7 +92,7 @@ def _import_map_module(spec: str, module_name: str, search_dir: str | None) -> A
     except Exception as exc:  # the module's own code failed: SyntaxError, NameError, ...
         error = exc
     failure = InvalidArgumentError(
-        f"cannot load map function {spec!r}: importing module {module_name!r} raised "
+        f"cannot load {what} {spec!r}: importing module {module_name!r} raised "
         f"{describe(error)}; fix the module (its traceback is below)"
     )
     failure.add_note(user_traceback(error))

@@ -24,6 +24,7 @@ from typing import Any
 
 from fastload._units import parse_size
 from fastload.convert.sources import ConversionError, PlanReporter, Source, Unit
+from fastload.errors import InvalidArgumentError
 
 __all__ = [
     "DEFAULT_SHARD_SIZE",
@@ -33,8 +34,10 @@ __all__ = [
     "ShardLayout",
     "ShardPlan",
     "estimate_sample_bytes",
+    "option_name",
     "parse_size",
     "planned_units",
+    "shard_size_limit",
     "shard_name",
     "shard_starts",
     "shuffle_units",
@@ -42,6 +45,25 @@ __all__ = [
 
 #: Target shard size when neither ``shard_size`` nor ``shard_samples`` is given: 256 MB.
 DEFAULT_SHARD_SIZE = 256_000_000
+
+
+def option_name(name: str) -> str:
+    """An option as messages name it, for the Python API and the command line at once:
+    ``shard_samples (--shard-samples)``."""
+    flag = {"map_fn": "--map"}.get(name, "--" + name.replace("_", "-"))
+    return f"{name} ({flag})"
+
+
+def shard_size_limit(shard_size: int | str | None, shard_samples: int | None) -> int | None:
+    """The shard size limit in bytes: ``shard_size`` parsed, the default when neither limit is
+    given, else ``None`` (only ``shard_samples`` limits the shards)."""
+    try:
+        size_limit = parse_size(shard_size) if shard_size is not None else None
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"{option_name('shard_size')}: {exc}") from None
+    if size_limit is None and shard_samples is None:
+        return DEFAULT_SHARD_SIZE
+    return size_limit
 
 
 def shard_name(prefix: str, n: int, extension: str) -> str:
@@ -134,6 +156,11 @@ class ShardLayout:
     A shard is closed before the sample that would make it exceed ``shard_samples`` samples or
     ``shard_size`` estimated bytes, whichever comes first; a sample larger than ``shard_size`` gets a
     shard of its own.
+
+    ``token_size`` is set for a tokenizing conversion: ``(bytes per id, text bytes per id)``. A
+    record (a document) is then estimated as its bytes * bytes per id / text bytes per id (its
+    ids, without framing: blocks are few and large), so ``shard_size`` still means the shard's
+    size, and ``shard_samples`` counts documents.
     """
 
     format_name: str
@@ -141,6 +168,7 @@ class ShardLayout:
     prefix: str
     shard_samples: int | None
     shard_size: int | None
+    token_size: tuple[int, int] | None = None
 
 
 def shard_starts(units: Iterable[Unit], layout: ShardLayout) -> Iterator[tuple[Unit, int, bool]]:
@@ -149,7 +177,10 @@ def shard_starts(units: Iterable[Unit], layout: ShardLayout) -> Iterator[tuple[U
     and size."""
     count = size = 0
     for unit in units:
-        est = estimate_sample_bytes(layout.format_name, unit)
+        if layout.token_size is not None:
+            est = -(-unit.size * layout.token_size[0] // layout.token_size[1])
+        else:
+            est = estimate_sample_bytes(layout.format_name, unit)
         first = count == 0 or (
             (layout.shard_samples is not None and count >= layout.shard_samples)
             or (layout.shard_size is not None and size + est > layout.shard_size)

@@ -125,14 +125,22 @@ class ConvertResult:
         )
 
     def _what(self) -> str:
-        """``12 samples (source imagefolder, 2 classes)``."""
+        """``12 samples (source imagefolder, 2 classes)``, and for a token dataset ``holding 9000
+        tokens of 12 documents``."""
         classes = (
             "no class list"
             if self.num_classes is None
             else plural(self.num_classes, "class", "classes")
         )
         source = f"source {self.source_type}, " if self.source_type else ""
-        return f"{plural(self.num_samples, 'sample')} ({source}{classes})"
+        text = f"{plural(self.num_samples, 'sample')} ({source}{classes})"
+        tokens = self.manifest.metadata.get("tokens") if self.manifest is not None else None
+        if isinstance(tokens, dict):  # a token dataset: its samples are blocks of ids
+            text += (
+                f" holding {plural(tokens['num_tokens'], 'token')} of "
+                f"{plural(tokens['num_documents'], 'document')}"
+            )
+        return text
 
     def _skips(self, verb: str = "skipped") -> str:
         text = f"{verb} {plural(len(self.skipped), 'item')}"

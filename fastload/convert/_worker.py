@@ -34,6 +34,8 @@ from fastload.convert._plan import ShardPlan
 from fastload.convert._results import SkippedItem
 from fastload.convert._space import raise_if_no_space
 from fastload.convert._state import SKIPPED_KEY, done_key, json_bytes
+from fastload.convert._token_blocks import TokenBlocks
+from fastload.convert._tokenizer import TokenizerSpec
 from fastload.convert.sources import ConversionError, Source, Unit
 from fastload.errors import InvalidArgumentError
 from fastload.formats import get_format
@@ -69,6 +71,8 @@ class ShardJob:
     on_error: str
     #: Where ``map_spec``'s module is also looked for (the directory ``convert`` was called in).
     map_dir: str | None = None
+    #: For a tokenizing conversion: the records' texts become blocks of token ids.
+    tokenize: TokenizerSpec | None = None
 
 
 class Counters:
@@ -121,6 +125,8 @@ def init_worker(samples: Any, nbytes: Any, jobs: Any, taken: Any, stop: Any, par
     # would print a traceback per idle worker, and one raised while a worker holds a shared
     # lock (a counter, the stop flag) would leave it held and hang the others.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # One process per core already: tokenizers' own threads would only compete with the others.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -149,6 +155,8 @@ class Written:
     writer: ShardWriter
     skipped: list[dict[str, Any]]
     dropped: int
+    #: A token shard's counts (:meth:`TokenBlocks.finish`), else ``None``.
+    tokens: dict[str, int] | None = None
 
 
 def write_samples(job: ShardJob) -> Written:
@@ -186,6 +194,10 @@ def write_samples(job: ShardJob) -> Written:
         raise_if_no_space(exc, job.dst, job.shard)
         raise
     try:
+        blocks = None
+        if job.tokenize is not None:
+            url = job.dst.child_url(name)
+            blocks = TokenBlocks(job.tokenize, writer, job.shard.index, url, fail)
         for unit, result in job.source.read_units(job.units):
             if isinstance(result, Exception):
                 fail(unit, describe(result), result)
@@ -234,29 +246,36 @@ def write_samples(job: ShardJob) -> Written:
                     )
                     continue
             key = sample.get(KEY)
-            if isinstance(key, str) and key in keys:
+            before = writer.num_bytes
+            if blocks is not None:  # records' keys are not kept: the blocks have their own
+                blocks.add(unit, sample)
+            elif isinstance(key, str) and key in keys:
                 fail(unit, f"sample key {key!r} is already used by {keys[key]} in this shard", None)
                 continue
-            before = writer.num_bytes
-            try:
-                # Writers validate a sample completely before writing any of it.
-                writer.write(sample)
-            except InvalidArgumentError as exc:
-                remedy = "fix the input" if map_fn is None else "fix the input or the map function"
-                fail(unit, describe(exc), exc, remedy=remedy)
-                continue
-            keys[str(key)] = unit.item
+            else:
+                try:
+                    # Writers validate a sample completely before writing any of it.
+                    writer.write(sample)
+                except InvalidArgumentError as exc:
+                    remedy = (
+                        "fix the input" if map_fn is None else "fix the input or the map function"
+                    )
+                    fail(unit, describe(exc), exc, remedy=remedy)
+                    continue
+                keys[str(key)] = unit.item
             pending_samples += 1
             pending_bytes += writer.num_bytes - before
             if pending_samples >= 64:
                 _COUNTERS.add(pending_samples, pending_bytes)
                 pending_samples = pending_bytes = 0
+        before = writer.num_bytes
+        tokens = blocks.finish() if blocks is not None else None
     except BaseException as exc:
         writer.abort()
         raise_if_no_space(exc, job.dst, job.shard)
         raise
-    _COUNTERS.add(pending_samples, pending_bytes)
-    return Written(job, writer, skipped, dropped)
+    _COUNTERS.add(pending_samples, pending_bytes + writer.num_bytes - before)
+    return Written(job, writer, skipped, dropped, tokens)
 
 
 def _empty_image(sample: Mapping[str, Any]) -> str | None:
@@ -296,6 +315,8 @@ def commit_shard(written: Written) -> dict[str, Any]:
         "skipped": written.skipped,
         "dropped": written.dropped,
     }
+    if written.tokens is not None:
+        record["tokens"] = written.tokens
     try:
         job.dst.put(done_key(job.shard.name), json_bytes(record))
     except BaseException as exc:

@@ -322,6 +322,21 @@ class ShardReader(ABC):
             url=self.url,
         )
 
+    def field_locations(self, field: str) -> list[tuple[int, int]] | None:
+        """Where field ``field`` of every sample lies verbatim in the shard object: ``(byte
+        offset, size)`` per sample in shard order, or ``None`` when the format cannot say
+        without reading the samples (no index, a compressed shard, or fields inside an encoded
+        record: TFRecord, LMDB).
+
+        For readers that map or range-read a field's bytes directly (the token loader gathers
+        token ids straight out of a memory-mapped shard). The locations come from the index and
+        are not checked against the bytes there (:meth:`read` checks them); O(samples).
+
+        Raises:
+            KeyError: A sample has no such field.
+        """
+        return None
+
     def iter_from(self, start: int) -> Iterator[dict[str, Any]]:
         """Yield samples from position ``start`` on (seeks with an index, else skips)."""
         for i, sample in enumerate(self):

@@ -3,6 +3,11 @@
 * :func:`open_dataset` opens a dataset by its manifest and returns a map-style
   :class:`Dataset` (``ds[i]`` in dataset order); :meth:`Dataset.batches` gives the iterable form
   (:class:`BatchStream`, whole collated batches per rank) for a plain ``torch.utils.data.DataLoader``.
+* :func:`mix` mixes datasets (or token sources) by weight, exactly in every window of a stated
+  size, resumably and elastically.
+* :func:`open_tokens` opens a token dataset as packed ``seq_len + 1`` sequences
+  (:class:`TokenDataset`, a :class:`TokenSource`); :class:`TokenLoader` batches any token source
+  in the main process (exactly once over tokens, O(1) elastic resume).
 * :class:`DataLoader` takes PyTorch's DataLoader arguments and adds ``set_epoch``,
   ``state_dict``/``load_state_dict`` (elastic: another number of workers or ranks, same global
   batch) and ``stats``.
@@ -16,12 +21,19 @@ from fastload.loader._cursor import STATE_VERSION
 from fastload.loader._dataset import Dataset
 from fastload.loader._dist import detect_rank_world
 from fastload.loader._loader import DataLoader
+from fastload.loader._mix import mix
+from fastload.loader._mix_samples import MixedDataset
+from fastload.loader._mix_schedule import MixRoundingWarning
+from fastload.loader._mix_tokens import MixedTokens
 from fastload.loader._open import open_dataset
 from fastload.loader._order import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW, EpochOrder
 from fastload.loader._packed import PackedBytes, pack_bytes
 from fastload.loader._partition import Partition
 from fastload.loader._select import ToTuple, to_tuple
 from fastload.loader._stream import BatchMeta, BatchStream
+from fastload.loader._token_source import TokenBatch, TokenSource, WideningTokenSource
+from fastload.loader._tokens import TokenDataset, open_tokens
+from fastload.loader._tokens_loader import TokenLoader
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
@@ -32,12 +44,22 @@ __all__ = [
     "DataLoader",
     "Dataset",
     "EpochOrder",
+    "MixRoundingWarning",
+    "MixedDataset",
+    "MixedTokens",
     "PackedBytes",
     "Partition",
     "ToTuple",
+    "TokenBatch",
+    "TokenDataset",
+    "TokenLoader",
+    "TokenSource",
+    "WideningTokenSource",
     "default_collate",
     "detect_rank_world",
+    "mix",
     "open_dataset",
+    "open_tokens",
     "pack_bytes",
     "to_tuple",
 ]

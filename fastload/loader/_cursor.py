@@ -34,6 +34,7 @@ from fastload.loader._order import ORDER_VERSION, computes_order_version
 from fastload.loader._partition import Partition
 from fastload.loader._seeds import check_seed
 from fastload.loader._stats import LoaderStats
+from fastload.loader._token_source import TokenSource
 from fastload.storage import CachingStore
 
 __all__ = ["STATE_VERSION", "EpochCursor", "check_pending_resume", "parse_state_position"]
@@ -103,7 +104,9 @@ class EpochCursor:
     """Epoch, step, pending resume, state checks and stats of one loader (see module doc).
 
     Args:
-        dataset: The loader's dataset (fingerprint, sample count and order options of states).
+        dataset: The loader's dataset (fingerprint, sample count and order options of states),
+            or the token loader's :class:`~fastload.loader._token_source.TokenSource` (its
+            sequences are the samples; its ``order_options()`` carry its own order version).
         partition: How an epoch is split into global steps on this job.
         what: The loader's name, for messages (``"DataLoader"``).
         num_steps: Global steps of an epoch when they are not ``partition.num_steps`` (DALI's
@@ -122,7 +125,7 @@ class EpochCursor:
 
     def __init__(
         self,
-        dataset: Dataset,
+        dataset: Dataset | TokenSource,
         partition: Partition,
         *,
         what: str,
@@ -263,7 +266,7 @@ class EpochCursor:
                 "shard names, sample counts or checksums differ); resume on the same dataset"
             )
         saved_order = state.get("order_version", 1)  # states saved before order versions: 1
-        if not computes_order_version(
+        if isinstance(ds, Dataset) and not computes_order_version(
             saved_order, ds.shard_sizes, shuffle=ds.shuffle, block_size=ds.block_size
         ):
             raise InvalidArgumentError(
@@ -288,9 +291,12 @@ class EpochCursor:
         ``dropped_per_epoch`` defaults to the partition's."""
         dropped = self.partition.dropped if dropped_per_epoch is None else dropped_per_epoch
         out = self.stats.report(dropped_per_epoch=dropped, epoch=self.epoch, step=self.step)
-        store = self.dataset.store
-        if isinstance(store, CachingStore):
-            node = store.node_stats(cached_bytes=False)
+        # A node's cache: the one cache directory the dataset reads through (a mix whose sources
+        # use several caches, and token sources, have no single node figure).
+        stores = self.dataset.stores if isinstance(self.dataset, Dataset) else ()
+        caches = {s.cache_dir: s for s in stores if isinstance(s, CachingStore)}
+        if len(caches) == 1:
+            node = next(iter(caches.values())).node_stats(cached_bytes=False)
             out.update({f"node_cache_{name}": value for name, value in node.items()})
         return out
 

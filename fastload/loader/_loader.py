@@ -90,7 +90,9 @@ class DataLoader:
     * ``in_order`` must stay ``True`` (exact resumption needs the batches in step order).
 
     Args:
-        dataset: A :class:`~fastload.loader.Dataset` from :func:`fastload.open_dataset`.
+        dataset: A :class:`~fastload.loader.Dataset` from :func:`fastload.open_dataset`, or a
+            weighted mix of several from :func:`fastload.mix` (:meth:`stats` then counts each
+            source's samples).
         batch_size: Samples per batch on this rank.
         shuffle: Override the dataset's ``shuffle``.
         num_workers: Worker processes (0 = load in the main process, with I/O threads).
@@ -211,6 +213,7 @@ class DataLoader:
         self._torch_kwargs = torch_kwargs
         self._torch: torch.utils.data.DataLoader[Any] | None = None
         self._cursor = EpochCursor(dataset, self._stream.partition, what="DataLoader")
+        self._source_samples = [0] * len(dataset.source_names)  # a mix's per-source counts
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -276,10 +279,11 @@ class DataLoader:
 
         Raises:
             InvalidArgumentError: The state is from another dataset or order (sample count, seed,
-                shuffle options), a different global batch size, or an unknown version; the
-                message says which and how to fix it.
+                shuffle options; for a mix: other sources, weights, window or epoch size), a
+                different global batch size, or an unknown version; the message says which and
+                how to fix it.
         """
-        self._cursor.load_state_dict(state)
+        self._cursor.load_state_dict(state, extra_check=self.dataset.check_state)
 
     # ---- iteration --------------------------------------------------------------------------
 
@@ -330,6 +334,8 @@ class DataLoader:
                 stats.add(
                     size=meta.size, nbytes=meta.nbytes, padded=meta.padded, skipped=meta.skipped
                 )
+                for i, n in enumerate(meta.sources):
+                    self._source_samples[i] += n
                 stats.elapsed += now - began
                 began = now
                 cursor.reached(epoch, meta.step + 1)
@@ -405,12 +411,12 @@ class DataLoader:
             return f"{ds.describe(shard, pos)} (dataset index {index})"
 
         parts = []
-        if 0 <= progress.index < ds.num_samples:
+        if ds.has_index(progress.index):
             parts.append(f"processing {sample(progress.index)}")
         reads = [
             f"{sample(index)} for global step {rstep}"
             for rstep, index in progress.reads
-            if 0 <= index < ds.num_samples
+            if ds.has_index(index)
         ]
         if reads:
             parts.append("while reading " + " and ".join(reads))
@@ -422,12 +428,17 @@ class DataLoader:
 
     def stats(self) -> dict[str, float | int]:
         """Counters since the loader was made (or since :meth:`reset_stats`); see
-        :meth:`fastload.loader._stats.LoaderStats.report` for the keys."""
-        return self._cursor.report()
+        :meth:`fastload.loader._stats.LoaderStats.report` for the keys. A mix
+        (:func:`fastload.mix`) adds ``samples[<source name>]``: samples delivered per source."""
+        report = self._cursor.report()
+        for name, n in zip(self.dataset.source_names, self._source_samples, strict=True):
+            report[f"samples[{name}]"] = n
+        return report
 
     def reset_stats(self) -> None:
         """Zero the counters of :meth:`stats`."""
         self._cursor.reset_stats()
+        self._source_samples = [0] * len(self._source_samples)
 
     def __repr__(self) -> str:
         return (

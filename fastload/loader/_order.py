@@ -48,6 +48,11 @@ in-window shuffle stays uniform. :data:`ORDER_VERSION` names this algorithm: a c
 order cannot be continued exactly under another.
 
 Without shuffle the order is the dataset order (shard by shard, as the manifest lists them).
+
+**The block stream** (:meth:`EpochOrder.block_spans`, used by the token loader): the same slots
+without step 3, i.e. the blocks in slot order with the samples of each block in dataset order
+(without shuffle, the dataset order cut at block boundaries). Token datasets use tokens as the
+samples and their blocks as the blocks, so the epoch's token stream is this stream.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fastload.errors import InvalidArgumentError
-from fastload.loader._permute import TABLE_LIMIT, block_permutation
+from fastload.loader._permute import TABLE_LIMIT, IdentityPermutation, block_permutation
 from fastload.loader._seeds import TAG_BLOCKS, TAG_WINDOW, check_seed
 
 __all__ = [
@@ -162,10 +167,16 @@ class EpochOrder:
         self.window = window
         self.num_samples = int(sizes.sum())
         self._windows: OrderedDict[int, _Window] = OrderedDict()
+        self._sizes = sizes
         if not self.shuffle or self.num_samples == 0:
             self._num_blocks = 0
             return
-        self._block = block_size if block_size is not None else int(sizes.max())
+        self._build_blocks()
+
+    def _build_blocks(self) -> None:
+        """The block tables (shard starts, first blocks, permutation, short slots): O(shards)."""
+        sizes = self._sizes
+        self._block = self.block_size if self.block_size is not None else int(sizes.max())
         # _shard_start[s] = dataset index of shard s's first sample; _shard_start[-1] == N.
         self._shard_start: IntArray = np.zeros(len(sizes) + 1, dtype=np.int64)
         np.cumsum(sizes, out=self._shard_start[1:])
@@ -173,9 +184,13 @@ class EpochOrder:
         self._first_block: IntArray = np.zeros(len(sizes) + 1, dtype=np.int64)
         np.cumsum(-(-sizes // self._block), out=self._first_block[1:])
         self._num_blocks = int(self._first_block[-1])
-        self._perm = block_permutation(self._num_blocks, [self.seed, self.epoch, TAG_BLOCKS])
-        self._windows_per_run = max(1, self._SLOTS_PER_RUN // window)
+        if self.shuffle:
+            self._perm = block_permutation(self._num_blocks, [self.seed, self.epoch, TAG_BLOCKS])
+        else:  # only for block_spans: the blocks in dataset order
+            self._perm = IdentityPermutation(self._num_blocks)
+        self._windows_per_run = max(1, self._SLOTS_PER_RUN // self.window)
         self._run_blocks: tuple[int, IntArray] | None = None
+        self._span_run: tuple[int, IntArray] | None = None  # for block_spans
         self._locate_short_blocks(sizes)
 
     def _locate_short_blocks(self, sizes: IntArray) -> None:
@@ -195,7 +210,7 @@ class EpochOrder:
     @property
     def num_windows(self) -> int:
         """Number of shuffle windows (0 without shuffle)."""
-        return -(-self._num_blocks // self.window)
+        return -(-self._num_blocks // self.window) if self.shuffle else 0
 
     def window_range(self, w: int) -> tuple[int, int]:
         """Epoch positions ``[start, stop)`` of shuffle window ``w`` (``0 <= w < num_windows``):
@@ -213,11 +228,64 @@ class EpochOrder:
         short_before = np.searchsorted(self._short_slot, slots, side="left")
         return slots * self._block - self._shortfall[short_before]
 
+    def _slot_of(self, positions: IntArray) -> IntArray:
+        """The slot of each epoch position."""
+        short_before = np.searchsorted(self._short_end, positions, side="right")
+        slots: IntArray = (positions + self._shortfall[short_before]) // self._block
+        return slots
+
     def _window_of(self, positions: IntArray) -> IntArray:
         """The window of each epoch position."""
-        short_before = np.searchsorted(self._short_end, positions, side="right")
-        slots = (positions + self._shortfall[short_before]) // self._block
-        return slots // self.window
+        return self._slot_of(positions) // self.window
+
+    def block_spans(
+        self, starts: npt.ArrayLike, stops: npt.ArrayLike
+    ) -> tuple[IntArray, IntArray, IntArray]:
+        """Cover ranges of the *block stream* (module doc) with pieces of single blocks.
+
+        Args:
+            starts: First stream position of each range (1-D ints, ``0 <= start``).
+            stops: Stream position after each range's last (``start < stop <= N``).
+
+        Returns:
+            ``(row, first, length)``, one entry per piece, ranges in order and each range's
+            pieces in stream order: the range the piece belongs to, the dataset index of its
+            first sample and its number of samples. A piece lies within one block, so its
+            samples are consecutive in the dataset and in one shard.
+
+        Cost: O(pieces + log shards) vectorised; the first call without shuffle builds the
+        O(shards) block tables.
+
+        Raises:
+            InvalidArgumentError: A range is empty or outside ``[0, N)``.
+        """
+        lo = np.asarray(starts, dtype=np.int64).reshape(-1)
+        hi = np.asarray(stops, dtype=np.int64).reshape(-1)
+        if lo.shape != hi.shape:
+            raise InvalidArgumentError("block_spans takes as many starts as stops")
+        empty = np.zeros(0, dtype=np.int64)
+        if not lo.size:
+            return empty, empty, empty
+        if (lo < 0).any() or (hi > self.num_samples).any() or (hi <= lo).any():
+            raise InvalidArgumentError(
+                f"block stream ranges must be non-empty and lie in [0, {self.num_samples})"
+            )
+        if not self._num_blocks:
+            self._build_blocks()
+        first_slot = self._slot_of(lo)
+        counts = self._slot_of(hi - 1) - first_slot + 1
+        total = int(counts.sum())
+        row = np.repeat(np.arange(len(lo), dtype=np.int64), counts)
+        begin = np.cumsum(counts) - counts
+        slots = np.repeat(first_slot - begin, counts) + np.arange(total, dtype=np.int64)
+        slot_start = self._slot_start(slots)
+        blocks = self._slot_blocks(slots)
+        shard = np.searchsorted(self._first_block, blocks, side="right") - 1
+        first = self._shard_start[shard] + (blocks - self._first_block[shard]) * self._block
+        length = np.minimum(self._block, self._shard_start[shard + 1] - first)
+        piece_lo = np.maximum(lo[row], slot_start)
+        piece_hi = np.minimum(hi[row], slot_start + length)
+        return row, first + (piece_lo - slot_start), piece_hi - piece_lo
 
     def _window_table(self, w: int) -> _Window:
         """Window ``w``'s table, from the cache or built (O(window x block_size))."""
@@ -253,6 +321,20 @@ class EpochOrder:
             self._run_blocks = (run, self._perm(np.arange(first, stop)))
         offset = (w - run * self._windows_per_run) * self.window
         return self._run_blocks[1][offset : offset + self.window]
+
+    def _slot_blocks(self, slots: IntArray) -> IntArray:
+        """The blocks in ``slots``: from the block permutation evaluated for the run of
+        ``_SLOTS_PER_RUN`` slots they lie in (kept: the next ranges are usually close), or
+        directly when they span runs."""
+        run = int(slots.min()) // self._SLOTS_PER_RUN
+        if int(slots.max()) // self._SLOTS_PER_RUN != run:
+            return self._perm(slots)
+        cached = self._span_run
+        if cached is None or cached[0] != run:
+            first = run * self._SLOTS_PER_RUN
+            stop = min(first + self._SLOTS_PER_RUN, self._num_blocks)
+            cached = self._span_run = (run, self._perm(np.arange(first, stop)))
+        return cached[1][slots - run * self._SLOTS_PER_RUN]
 
     def _cached_window_holding(self, lo: int, hi: int) -> _Window | None:
         """The cached window holding positions ``lo`` to ``hi``, if any (the usual case: a batch

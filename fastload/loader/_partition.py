@@ -22,6 +22,7 @@ can never wait for another (each knows its own batch count).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,9 @@ __all__ = ["Partition"]
 @dataclass(frozen=True)
 class Partition:
     """How one epoch of ``num_samples`` positions is split into global steps and rank batches.
+
+    The derived sizes (``num_steps``, ``full_steps``, ...) are computed once per instance (the
+    step planner asks for them every batch).
 
     Attributes:
         num_samples: ``N``, samples in the epoch.
@@ -59,35 +63,35 @@ class Partition:
         """``G = W x B``."""
         return self.world_size * self.batch_size
 
-    @property
+    @functools.cached_property
     def padded(self) -> int:
         """Repeated positions added this epoch (``0 <= padded < W``; 0 with ``drop_last``)."""
         if self.drop_last or self.num_samples == 0:
             return 0
         return -self.num_samples % self.world_size
 
-    @property
+    @functools.cached_property
     def total_positions(self) -> int:
         """Positions delivered by all ranks in a full epoch (``N + padded``, or ``steps x G``)."""
         if self.drop_last:
             return self.full_steps * self.global_batch_size
         return self.num_samples + self.padded
 
-    @property
+    @functools.cached_property
     def full_steps(self) -> int:
         """Global steps with exactly ``G`` positions."""
         if self.drop_last:
             return self.num_samples // self.global_batch_size
         return (self.num_samples + self.padded) // self.global_batch_size
 
-    @property
+    @functools.cached_property
     def tail(self) -> int:
         """Positions in the final, incomplete global step (a multiple of ``W``; 0 if none)."""
         if self.drop_last:
             return 0
         return self.num_samples + self.padded - self.full_steps * self.global_batch_size
 
-    @property
+    @functools.cached_property
     def num_steps(self) -> int:
         """Global steps in the epoch = batches every rank yields."""
         return self.full_steps + (1 if self.tail else 0)

@@ -35,6 +35,7 @@ import numpy.typing as npt
 __all__ = [
     "TABLE_LIMIT",
     "FeistelPermutation",
+    "IdentityPermutation",
     "Permutation",
     "TablePermutation",
     "block_permutation",
@@ -68,6 +69,19 @@ def block_permutation(n: int, entropy: list[int]) -> Permutation:
     if n <= TABLE_LIMIT:
         return TablePermutation(n, entropy)
     return FeistelPermutation(n, entropy)
+
+
+class IdentityPermutation:
+    """The identity of ``range(n)`` (blocks in dataset order, where an order needs a permutation)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __call__(self, values: IntArray) -> IntArray:
+        return np.asarray(values, dtype=np.int64).copy()
+
+    def inverse(self, images: IntArray) -> IntArray:
+        return np.asarray(images, dtype=np.int64).copy()
 
 
 class TablePermutation:

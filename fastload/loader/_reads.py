@@ -24,10 +24,9 @@ import numpy as np
 import numpy.typing as npt
 
 from fastload._lazy import PerProcess
-from fastload.loader._order import EpochOrder
 from fastload.loader._partition import Partition
 from fastload.loader._progress import ProgressTable, read_slot_initializer
-from fastload.loader._shards import ShardedDataset
+from fastload.loader._shards import SampleOrder, ShardedDataset
 from fastload.storage import Store
 
 __all__ = [
@@ -109,7 +108,7 @@ class BatchReads:
         self.progress: ProgressTable | None = None
         self._pool = PerProcess(partial(_reader_pool, io_threads)) if io_threads else None
 
-    def plan(self, order: EpochOrder, step: int, rank: int) -> PlannedBatch:
+    def plan(self, order: SampleOrder, step: int, rank: int) -> PlannedBatch:
         """The samples of rank ``rank``'s batch at global ``step`` of ``order``'s epoch."""
         positions, pad = self.partition.positions(step, rank)
         indices = order.indices(positions)

@@ -6,7 +6,7 @@ The streams are NumPy ``SeedSequence`` entropy lists ``[seed, epoch, tag, ...]``
 non-zero domain tag per use (``SeedSequence`` ignores trailing zeros, so the tag keeps the
 streams apart): 1 and 2 for the epoch order (:mod:`fastload.loader._order`), 3 for the global
 generators reseeded per batch (:func:`seed_global_rngs`), 5 for DALI pipelines
-(:func:`pipeline_seed`). Per-sample generators come from the ``"__rng_seed__"`` entry of a sample
+(:func:`pipeline_seed`), 6 for the token loader's sequence windows (:mod:`fastload.loader._tokens`). Per-sample generators come from the ``"__rng_seed__"`` entry of a sample
 (:data:`RNG_SEED_KEY`, see :func:`fastload.loader.transforms.sample_rng`).
 
 A leaf module: it imports nothing of fastload's loader, so every loader module can use it.
@@ -24,6 +24,7 @@ from fastload.errors import InvalidArgumentError
 __all__ = [
     "RNG_SEED_KEY",
     "TAG_BLOCKS",
+    "TAG_SEQUENCES",
     "TAG_WINDOW",
     "check_seed",
     "pipeline_seed",
@@ -39,6 +40,8 @@ TAG_BLOCKS = 1
 TAG_WINDOW = 2
 _TAG_AUGMENT = 3
 _TAG_PIPELINE = 5
+#: Domain tag of the token loader's per-window sequence permutations.
+TAG_SEQUENCES = 6
 
 
 def check_seed(name: str, value: object) -> int:

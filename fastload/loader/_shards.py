@@ -14,7 +14,7 @@ import functools
 import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, Self
+from typing import Any, Literal, Protocol, Self
 
 import numpy as np
 import numpy.typing as npt
@@ -36,7 +36,13 @@ from fastload.loader._seeds import RNG_SEED_KEY, check_seed
 from fastload.loader._select import ToTuple, Transform
 from fastload.storage import Store
 
-__all__ = ["DEFAULT_PREFETCH_SHARDS", "NOT_DATA_ERRORS", "ShardedDataset", "sample_nbytes"]
+__all__ = [
+    "DEFAULT_PREFETCH_SHARDS",
+    "NOT_DATA_ERRORS",
+    "SampleOrder",
+    "ShardedDataset",
+    "sample_nbytes",
+]
 
 log = logging.getLogger("fastload.loader")
 
@@ -47,6 +53,15 @@ IntArray = npt.NDArray[np.int64]
 #: Errors of ``decode`` that are not about the sample's bytes (a missing package, a refused
 #: pickle): they raise under every ``on_error`` policy instead of skipping every sample.
 NOT_DATA_ERRORS = (MissingDependencyError, UnsafeDataError)
+
+
+class SampleOrder(Protocol):
+    """What the batch stream needs of an epoch's order: positions -> dataset indices (an
+    :class:`~fastload.loader._order.EpochOrder`, or a mix's order)."""
+
+    def indices(self, positions: npt.ArrayLike) -> IntArray:
+        """Dataset indices of epoch positions (what :meth:`ShardedDataset.locate` takes)."""
+        ...
 
 
 def sample_nbytes(sample: Mapping[str, Any]) -> int:
@@ -268,6 +283,35 @@ class ShardedDataset:
     def __len__(self) -> int:
         return self.num_samples
 
+    # ---- hooks a mix (fastload.mix) overrides -------------------------------------------------
+
+    @property
+    def stores(self) -> tuple[Store, ...]:
+        """The stores samples are read from (one; a mix has its sources')."""
+        return (self.store,)
+
+    @property
+    def source_names(self) -> tuple[str, ...]:
+        """Names of a mix's sources, whose samples ``source_counts`` counts; empty here."""
+        return ()
+
+    def has_index(self, index: int) -> bool:
+        """Whether ``index`` is a dataset index (what :meth:`locate` takes)."""
+        return 0 <= index < self.num_samples
+
+    def source_counts(self, indices: npt.ArrayLike) -> tuple[int, ...]:
+        """Samples of each of :attr:`source_names` among dataset indices; empty here."""
+        return ()
+
+    def check_state(self, state: dict[str, Any]) -> None:
+        """Refuse a loader state this dataset cannot resume beyond the loaders' common checks
+        (a mix's state on a single dataset)."""
+        if "mix_counts" in state:
+            raise InvalidArgumentError(
+                f"the state was saved by a loader of a mix (fastload.mix), not of {self.url}; "
+                "resume on the mix that saved it"
+            )
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}({self.url!r}, format={self.format_name!r}, samples={self.num_samples}, "
@@ -276,8 +320,8 @@ class ShardedDataset:
 
     # ---- order and location -----------------------------------------------------------------
 
-    def order(self, epoch: int) -> EpochOrder:
-        """The global order of ``epoch`` (see :mod:`fastload.loader._order`)."""
+    def order(self, epoch: int) -> SampleOrder:
+        """The global order of ``epoch`` (an :class:`~fastload.loader._order.EpochOrder`)."""
         return EpochOrder(
             self.shard_sizes.tolist(),
             seed=self.seed,
@@ -374,12 +418,14 @@ class ShardedDataset:
         slot.cursor = (it, next(it, None))
         return ahead
 
-    def decode_raw(self, raw: dict[str, Any]) -> Any:
-        """Apply ``decode`` (if any) to a raw sample."""
+    def decode_raw(self, raw: dict[str, Any], shard: int | None = None) -> Any:
+        """Apply ``decode`` (if any) to a raw sample (read from ``shard``: a mix decodes with
+        the shard's source)."""
         return raw if self.decode is None else self.decode(raw)
 
-    def finish(self, sample: Any) -> Any:
-        """Apply ``transform`` and the ``fields`` selection to a decoded sample."""
+    def finish(self, sample: Any, shard: int | None = None) -> Any:
+        """Apply ``transform`` and the ``fields`` selection to a decoded sample (from ``shard``:
+        a mix applies the shard's source's)."""
         transform = self.transform
         if isinstance(transform, Mapping):
             if not isinstance(sample, Mapping):

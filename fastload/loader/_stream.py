@@ -37,6 +37,7 @@ each batch from (seed, epoch, step) inside DataLoader worker processes (never in
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections import deque
@@ -54,7 +55,6 @@ from fastload.errors import FastloadError, FormatError, InvalidArgumentError, Wo
 from fastload.loader._collate import default_collate, empty_like_batch
 from fastload.loader._dist import detect_rank_world
 from fastload.loader._lookahead import ShardLookahead
-from fastload.loader._order import EpochOrder
 from fastload.loader._partition import Partition
 from fastload.loader._progress import ProgressTable, WorkerProgress
 from fastload.loader._reads import (
@@ -65,7 +65,7 @@ from fastload.loader._reads import (
     default_io_threads,
 )
 from fastload.loader._seeds import RNG_SEED_KEY, check_seed, seed_global_rngs
-from fastload.loader._shards import NOT_DATA_ERRORS, ShardedDataset, sample_nbytes
+from fastload.loader._shards import NOT_DATA_ERRORS, SampleOrder, ShardedDataset, sample_nbytes
 from fastload.loader._shm_pool import BufferPool, set_buffer_pool
 from fastload.storage import CachingStore
 
@@ -99,6 +99,8 @@ class BatchMeta:
         nbytes: Bytes of the raw fields read for the batch.
         pooled: ``(inode, block, token)`` of the worker's reusable shared-memory blocks that the
             batch uses (see :class:`~fastload.loader._shm_pool.BufferPool`); empty without reuse.
+        sources: For a mix (:func:`fastload.mix`), the batch's samples of each source (after
+            skips); empty otherwise.
     """
 
     step: int
@@ -109,6 +111,7 @@ class BatchMeta:
     skipped: int
     nbytes: int
     pooled: tuple[tuple[int, int, int], ...] = ()
+    sources: tuple[int, ...] = ()
 
 
 class BatchStream(torch.utils.data.IterableDataset[Any]):
@@ -153,7 +156,7 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
                 f"{type(dataset).__name__}"
             )
         if io_threads is None:
-            io_threads = default_io_threads(dataset.store)
+            io_threads = max(default_io_threads(store) for store in dataset.stores)
         io_threads = check_int("io_threads", io_threads)
         prefetch_batches = check_int("prefetch_batches", prefetch_batches)
         if collate_fn is not None and not callable(collate_fn):
@@ -335,7 +338,7 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
         finally:
             for _, batch_reads in pending:
                 BatchReads.cancel(batch_reads)
-            if isinstance(self.dataset.store, CachingStore):
+            if any(isinstance(store, CachingStore) for store in self.dataset.stores):
                 # An open reader maps its shard: an evicted shard's disk space stays taken, and
                 # reads keep bypassing the cache, for as long as the reader lives (persistent
                 # workers: forever). The next epoch reopens what it reads through the cache.
@@ -343,7 +346,7 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
 
     # ---- internals --------------------------------------------------------------------------
 
-    def _plan(self, order: EpochOrder, step: int, rank: int) -> PlannedBatch:
+    def _plan(self, order: SampleOrder, step: int, rank: int) -> PlannedBatch:
         """The samples of rank ``rank``'s batch at global ``step`` (see :class:`BatchReads`)."""
         return self._reads.plan(order, step, rank)
 
@@ -363,6 +366,7 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
             raws[i], errors[i] = raw, err
         where = f"rank {rank}, worker {worker}, global step {planned.step}"
         samples: list[Any] = []
+        delivered: list[int] = []  # dataset indices of the samples
         skipped = nbytes = 0
         shards, positions = planned.shards.tolist(), planned.positions.tolist()
         indices = planned.indices.tolist()
@@ -386,6 +390,7 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
                 skipped += 1
             else:
                 samples.append(sample)
+                delivered.append(index)
         pooled: tuple[tuple[int, int, int], ...] = ()
         if samples:
             buffers = self._buffers if self._buffers_pid == os.getpid() else None
@@ -406,17 +411,15 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
                 self._template = empty_like_batch(batch)
         else:
             batch = self._empty_batch(where, worker, planned.step)
-        meta = BatchMeta(
-            planned.step, rank, worker, len(samples), planned.padded, skipped, nbytes, pooled
-        )
-        return meta, batch
+        meta = BatchMeta(planned.step, rank, worker, len(samples), planned.padded, skipped, nbytes)
+        return dataclasses.replace(meta, pooled=pooled, sources=ds.source_counts(delivered)), batch
 
     def _process(self, raw: dict[str, Any], where: str, shard: int, pos: int) -> Any:
         """Decode, transform and select one raw sample; :data:`_SKIPPED` when the error policy
         drops it. Errors raise :class:`~fastload.errors.WorkerError` naming the sample."""
         ds = self.dataset
         try:
-            decoded = ds.decode_raw(raw)
+            decoded = ds.decode_raw(raw, shard)
         except Exception as exc:
             sample = ds.describe(shard, pos, raw.get("__key__"))
             # A missing package or a refused pickle is a setup problem, not bad data: it would
@@ -427,7 +430,7 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
             )
             return _SKIPPED
         try:
-            return ds.finish(decoded)
+            return ds.finish(decoded, shard)
         except FormatError as exc:
             # Bad data found by a transform (e.g. a fused decode-and-crop of a corrupt JPEG)
             # follows the error policy like a decode error; other transform errors are bugs.
@@ -472,7 +475,7 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
                     if raw is None:
                         continue
                     self._report(worker, step, i)
-                    sample = ds.finish(ds.decode_raw(raw))
+                    sample = ds.finish(ds.decode_raw(raw, shard), shard)
                 except (FastloadError, FormatError, ValueError, OSError):
                     continue
                 finally:

@@ -13,6 +13,7 @@ from typing import Any, TextIO
 
 from fastload.convert.tools._common import open_dataset_store
 from fastload.formats import MANIFEST_NAME, Manifest, read_manifest
+from fastload.formats.tokens import METADATA_KEY as TOKENS_KEY
 from fastload.storage import Store
 
 __all__ = ["inspect_dataset", "write_inspect_json"]
@@ -29,7 +30,9 @@ def inspect_dataset(
     Keys: ``url``, ``format``, ``num_samples``, ``num_bytes``, ``num_shards``, ``schema``,
     ``created_by``, ``metadata``, ``shards`` (name, samples, bytes, sha256, index per shard) and
     ``samples``: the first ``samples`` samples of the first shards as ``{"key", "shard",
-    "field_bytes": {name: size in bytes}}``. For a dataset of many shards,
+    "field_bytes": {name: size in bytes}}``. A token dataset also has ``tokens``: ``{"tokens",
+    "documents", "dtype", "vocab_size", "eos_id", "block_tokens", "tokenizer"}`` from its
+    ``metadata["tokens"]`` (:mod:`fastload.formats.tokens`). For a dataset of many shards,
     :func:`write_inspect_json` writes the same document without holding the shard list.
 
     Raises:
@@ -103,7 +106,17 @@ def _describe(store: Store, manifest: Manifest, samples: int) -> dict[str, Any]:
                 )
                 if len(first) >= samples:
                     break
+    tokens = manifest.metadata.get(TOKENS_KEY)
+    extra: dict[str, Any] = {}
+    if isinstance(tokens, Mapping):
+        extra["tokens"] = {
+            "tokens": tokens.get("num_tokens"),
+            "documents": tokens.get("num_documents"),
+            **{k: tokens.get(k) for k in ("dtype", "vocab_size", "eos_id", "block_tokens")},
+            "tokenizer": tokens.get("tokenizer"),
+        }
     return {
+        **extra,
         "url": store.url,
         "format": manifest.format,
         "manifest_version": manifest.version,

@@ -25,7 +25,10 @@ from fastload._units import check_int
 from fastload.convert._pool import pool_context
 from fastload.convert.tools._common import Grouping, Progress, open_dataset_store
 from fastload.convert.tools._shard_check import ShardCheck, check_shards
+from fastload.errors import ManifestError
 from fastload.formats import MANIFEST_NAME, ShardEntry, read_manifest
+from fastload.formats.tokens import METADATA_KEY as TOKENS_KEY
+from fastload.formats.tokens import TokenLayout
 from fastload.storage import Store
 
 __all__ = ["VerifyReport", "verify_dataset"]
@@ -84,8 +87,9 @@ def verify_dataset(
 
     For each shard: it exists; its size and SHA-256 match; reading it yields the manifest's sample
     count without errors; its index (rebuilt with the format's ``build_index``) equals the stored
-    ``.idx`` byte for byte. Then the field counts read must match the manifest's schema. Every
-    problem is reported; nothing stops at the first one.
+    ``.idx`` byte for byte. Then the field counts read must match the manifest's schema, and a
+    token dataset's ``metadata["tokens"]`` must agree with the shards' sample counts (blocks).
+    Every problem is reported; nothing stops at the first one.
 
     Shards are checked by ``workers`` processes at once; the report (problems in shard order,
     the first damage of each shard) is identical for every ``workers``. ``progress`` (see
@@ -140,6 +144,15 @@ def verify_dataset(
             f"{store.child_url(MANIFEST_NAME)}: schema field counts {schema_counts} do not match "
             f"the fields read from the shards {field_counts}"
         )
+    if TOKENS_KEY in manifest.metadata:  # a token dataset: its layout against the shard list
+        try:
+            TokenLayout.from_metadata(
+                manifest.metadata,
+                shard_samples=[e.num_samples for e in manifest.shards],
+                where=store.child_url(MANIFEST_NAME),
+            )
+        except ManifestError as exc:
+            report.problems.append(str(exc))
     return report
 
 

@@ -258,6 +258,28 @@ class WebDatasetReader(ShardReader):
             sample[comp.ext] = data
         return sample
 
+    def field_locations(self, field: str) -> list[tuple[int, int]] | None:
+        """``(offset, size)`` of member ``KEY.field``'s data in every sample, from the index;
+        ``None`` without an index (a compressed shard, or none built).
+
+        Raises:
+            KeyError: A sample has no such member (names the sample and the index line).
+        """
+        index = self._load_index()
+        if index is None:
+            return None
+        out = []
+        for i, comps in enumerate(index):
+            for comp in comps:
+                if comp.ext == field:
+                    out.append((comp.offset, comp.size))
+                    break
+            else:
+                raise KeyError(
+                    f"sample {i} (index line {i + 2}) of {self.url} has no field {field!r}"
+                )
+        return out
+
     def _local_map(self) -> ShardView | None:
         """The shard mapped into memory when it is a local file (kept until :meth:`close`)."""
         if not self._map_tried:
