@@ -6,18 +6,20 @@ one of two ways, per shard:
 
 * **Mapped** (local files: a local store, or the local copy in a ``cache_dir=`` cache): when the
   shard's format can say where a field's bytes lie (:meth:`fastload.formats.ShardReader.
-  field_location`; WebDataset from its index), the shard is memory-mapped and a block's ids are
-  a NumPy view of the mapping (no copy, no read). Its ``.npy`` header is parsed and checked once
-  per block and process while the block is cached.
+  field_locations`; WebDataset from its index), the shard is memory-mapped once per process and
+  viewed as one array of ids; its table keeps, per block, the index of its first id in that
+  array (8 bytes) and where its ``docs.npy`` lies. Every block's ``.npy`` header is checked when
+  the shard is mapped, all at once (full blocks must carry the first full block's header bytes,
+  itself checked against the layout; the others are parsed one by one). Reading a block is then
+  a slice of the mapping: no copy until the caller's.
 * **Read** (other stores, TFRecord and LMDB shards): the block is read through the dataset's shard
   readers (``fastload.loader.Dataset.read_raw``) and its ``.npy`` fields parsed (the arrays are
-  views of the bytes read: one copy, from the store or page cache).
+  views of the bytes read: one copy, from the store or page cache), kept in an LRU of
+  ``capacity`` blocks per process (``block_tokens x itemsize`` bytes plus document offsets each).
 
-Both go through one LRU of ``capacity`` blocks per process. A read block holds its bytes
-(``block_tokens x itemsize`` plus its document offsets), so a process holds at most
-``capacity`` of them; a mapped block holds only a view (address space over the page cache).
 Mapped shards are kept in an LRU of ``max_open_shards`` (the dataset's option; each holds a
-mapping, its file descriptor and its reader's index, O(blocks of the shard)).
+mapping, its file descriptor and its table, O(blocks of the shard)). Documents' offsets of mapped
+blocks are parsed on first use (only loaders asked for boundaries need them), LRU of ``capacity``.
 
 Every block is checked against the layout before use: its ids' dtype and count (``block_tokens``,
 or the shard's remainder for its last block) and its document offsets (increasing, inside the
