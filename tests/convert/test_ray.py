@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,11 +38,12 @@ _MAP = "fl_ray_faults:faulty"
 _FAULTS_MODULE = f'''
 import os
 import signal
+import time
 
 
 def faulty(sample):
     """The identity, but: with a marker file 'kill', the first process to take it is killed;
-    with 'fail', the sample src/000000410 raises."""
+    with 'fail', the sample src/000000410 raises; with 'slow', each sample takes 20 ms."""
     faults = os.environ["{_FAULTS_ENV}"]
     try:
         os.rename(os.path.join(faults, "kill"), os.path.join(faults, "killed"))
@@ -51,6 +55,8 @@ def faulty(sample):
         os.kill(os.getpid(), signal.SIGKILL)
     if sample["__key__"] == "src/000000410" and os.path.exists(os.path.join(faults, "fail")):
         raise ValueError("injected failure")
+    if os.path.exists(os.path.join(faults, "slow")):
+        time.sleep(0.02)
     return sample
 '''
 
@@ -68,7 +74,13 @@ def faults(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         p for p in (str(directory), saved["PYTHONPATH"]) if p
     )
     sys.path.insert(0, str(directory))
-    ray.init(num_cpus=2, address="local", include_dashboard=False, configure_logging=False)
+    ray.init(
+        num_cpus=2,
+        address="local",
+        include_dashboard=False,
+        configure_logging=False,
+        _node_ip_address="127.0.0.1",  # loopback only
+    )
     try:
         yield directory
     finally:
@@ -91,6 +103,16 @@ def _objects(store_url: str, options: dict[str, Any]) -> dict[str, bytes]:
     """Every object under ``store_url``, by key."""
     store = open_store(store_url, **options)
     return {meta.key: store.get(meta.key) for meta in store.list("")}
+
+
+def _assert_same_files(expected: Path, got: Path) -> None:
+    """The trees hold the same paths (no state or temporary left) with the same bytes."""
+    paths = sorted(p.relative_to(expected) for p in expected.rglob("*"))
+    assert sorted(p.relative_to(got) for p in got.rglob("*")) == paths
+    assert "fastload.json" in {str(p) for p in paths}
+    for rel in paths:
+        if (expected / rel).is_file():
+            assert (got / rel).read_bytes() == (expected / rel).read_bytes(), rel
 
 
 def test_ray_on_ceph_writes_the_pools_bytes_with_a_worker_killed(
@@ -144,11 +166,7 @@ def test_a_failing_ray_task_stops_the_run_and_the_cli_resumes_it(
     argv = [str(src), str(tmp_path / "ray"), "--shard-samples", "50", "--map", _MAP, "-q"]
     address = ray.get_runtime_context().gcs_address
     assert main(["convert", *argv, "--executor", "ray", "--ray-address", address]) == 0
-    expected = sorted(p.relative_to(tmp_path / "local") for p in (tmp_path / "local").rglob("*"))
-    got = sorted(p.relative_to(tmp_path / "ray") for p in (tmp_path / "ray").rglob("*"))
-    assert got == expected
-    for rel in expected:
-        assert (tmp_path / "ray" / rel).read_bytes() == (tmp_path / "local" / rel).read_bytes()
+    _assert_same_files(tmp_path / "local", tmp_path / "ray")
 
 
 def test_ray_refuses_memory_stores_and_unknown_executors(tmp_path: Path) -> None:
@@ -158,3 +176,34 @@ def test_ray_refuses_memory_stores_and_unknown_executors(tmp_path: Path) -> None
         RayExecutor(None, open_store(str(tmp_path)), open_store("memory://ray-out"))
     with pytest.raises(InvalidArgumentError, match=r"executor \(--executor\) must be one of"):
         convert(str(src), str(tmp_path / "out"), executor="spark", quiet=True)
+
+
+def test_a_killed_ray_driver_leaves_committed_shards_that_a_rerun_resumes(
+    faults: Path, tmp_path: Path
+) -> None:
+    src = tmp_path / "src.jsonl"
+    src.write_bytes(_jsonl(600))
+    common: dict[str, Any] = {"shard_samples": 50, "map_fn": _MAP, "quiet": True}
+    convert(str(src), str(tmp_path / "local"), workers=1, **common)
+
+    (faults / "slow").write_text("")  # 1 s per shard: the driver is killed half way
+    address = ray.get_runtime_context().gcs_address
+    argv = [str(src), str(tmp_path / "ray"), "--shard-samples", "50", "--map", _MAP, "-q"]
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "fastload.cli", "convert", *argv, "--executor", "ray"],
+        env={**os.environ, "RAY_ADDRESS": address},
+    )
+    done = tmp_path / "ray/_fastload_convert/done"
+    try:
+        while len(list(done.glob("*.json")) if done.is_dir() else []) < 3:
+            assert driver.poll() is None, "the driver ended before it was killed"
+            time.sleep(0.05)
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    (faults / "slow").unlink()
+    assert not (tmp_path / "ray/fastload.json").exists()
+
+    result = convert(str(src), str(tmp_path / "ray"), executor="ray", **common)
+    assert 3 <= result.resumed_shards < result.num_shards == 12
+    _assert_same_files(tmp_path / "local", tmp_path / "ray")
