@@ -221,11 +221,13 @@ def convert(
         warn()
         dst_store = open_store(dst, **dict(store_options or {}))
         check_not_inside(source.store, source.keys is not None, dst_store)
-        use_pool = (
-            (n_workers > 1 or executor == "ray")
-            and not dry_run
-            and not isinstance(dst_store, MemoryStore)
-            and not isinstance(source.store, MemoryStore)
+        use_pool = not dry_run and (
+            executor == "ray"  # which refuses memory:// stores
+            or (
+                n_workers > 1
+                and not isinstance(dst_store, MemoryStore)
+                and not isinstance(source.store, MemoryStore)
+            )
         )
         if use_pool and executor == "ray":
             pool = RayExecutor(ray_address, source.store, dst_store)

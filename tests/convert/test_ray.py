@@ -21,7 +21,7 @@ import pytest
 
 from fastload.cli import main
 from fastload.convert import convert
-from fastload.convert._ray import IN_FLIGHT_PER_CPU, RayExecutor
+from fastload.convert._ray import IN_FLIGHT_PER_CPU
 from fastload.convert.sources import ConversionError
 from fastload.errors import InvalidArgumentError
 from fastload.storage import open_store
@@ -105,6 +105,19 @@ def _objects(store_url: str, options: dict[str, Any]) -> dict[str, bytes]:
     return {meta.key: store.get(meta.key) for meta in store.list("")}
 
 
+#: The options of the conversions into local directories (12 shards of 50 samples).
+_LOCAL_OPTIONS: dict[str, Any] = {"shard_samples": 50, "map_fn": _MAP, "quiet": True}
+
+
+def _local_reference(tmp_path: Path) -> Path:
+    """A JSONL file of 600 records in ``tmp_path``, converted by the local executor in this
+    process into ``tmp_path/local``; returns the file."""
+    src = tmp_path / "src.jsonl"
+    src.write_bytes(_jsonl(600))
+    convert(str(src), str(tmp_path / "local"), workers=1, **_LOCAL_OPTIONS)
+    return src
+
+
 def _assert_same_files(expected: Path, got: Path) -> None:
     """The trees hold the same paths (no state or temporary left) with the same bytes."""
     paths = sorted(p.relative_to(expected) for p in expected.rglob("*"))
@@ -148,14 +161,10 @@ def test_ray_on_ceph_writes_the_pools_bytes_with_a_worker_killed(
 def test_a_failing_ray_task_stops_the_run_and_the_cli_resumes_it(
     faults: Path, tmp_path: Path
 ) -> None:
-    src = tmp_path / "src.jsonl"
-    src.write_bytes(_jsonl(600))
-    common: dict[str, Any] = {"shard_samples": 50, "map_fn": _MAP, "quiet": True}
-    convert(str(src), str(tmp_path / "local"), workers=1, **common)
-
+    src = _local_reference(tmp_path)
     (faults / "fail").write_text("")
     with pytest.raises(ConversionError, match="injected failure") as info:
-        convert(str(src), str(tmp_path / "ray"), executor="ray", **common)
+        convert(str(src), str(tmp_path / "ray"), executor="ray", **_LOCAL_OPTIONS)
     assert "Ray task writing shard shard-000008.tar" in "".join(info.value.__notes__)
     # Shard 8 was submitted only when at most 4 tasks were outstanding: 0-4 are committed.
     done = sorted(p.name for p in (tmp_path / "ray/_fastload_convert/done").iterdir())
@@ -173,7 +182,7 @@ def test_ray_refuses_memory_stores_and_unknown_executors(tmp_path: Path) -> None
     src = tmp_path / "src.jsonl"
     src.write_bytes(_jsonl(10))
     with pytest.raises(InvalidArgumentError, match="memory:// store lives in the converting"):
-        RayExecutor(None, open_store(str(tmp_path)), open_store("memory://ray-out"))
+        convert(str(src), "memory://ray-out", executor="ray", quiet=True)
     with pytest.raises(InvalidArgumentError, match=r"executor \(--executor\) must be one of"):
         convert(str(src), str(tmp_path / "out"), executor="spark", quiet=True)
 
@@ -181,11 +190,7 @@ def test_ray_refuses_memory_stores_and_unknown_executors(tmp_path: Path) -> None
 def test_a_killed_ray_driver_leaves_committed_shards_that_a_rerun_resumes(
     faults: Path, tmp_path: Path
 ) -> None:
-    src = tmp_path / "src.jsonl"
-    src.write_bytes(_jsonl(600))
-    common: dict[str, Any] = {"shard_samples": 50, "map_fn": _MAP, "quiet": True}
-    convert(str(src), str(tmp_path / "local"), workers=1, **common)
-
+    src = _local_reference(tmp_path)
     (faults / "slow").write_text("")  # 1 s per shard: the driver is killed half way
     address = ray.get_runtime_context().gcs_address
     argv = [str(src), str(tmp_path / "ray"), "--shard-samples", "50", "--map", _MAP, "-q"]
@@ -204,6 +209,6 @@ def test_a_killed_ray_driver_leaves_committed_shards_that_a_rerun_resumes(
     (faults / "slow").unlink()
     assert not (tmp_path / "ray/fastload.json").exists()
 
-    result = convert(str(src), str(tmp_path / "ray"), executor="ray", **common)
+    result = convert(str(src), str(tmp_path / "ray"), executor="ray", **_LOCAL_OPTIONS)
     assert 3 <= result.resumed_shards < result.num_shards == 12
     _assert_same_files(tmp_path / "local", tmp_path / "ray")
