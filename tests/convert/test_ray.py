@@ -163,12 +163,20 @@ def test_a_failing_ray_task_stops_the_run_and_the_cli_resumes_it(
 ) -> None:
     src = _local_reference(tmp_path)
     (faults / "fail").write_text("")
-    with pytest.raises(ConversionError, match="injected failure") as info:
-        convert(str(src), str(tmp_path / "ray"), executor="ray", **_LOCAL_OPTIONS)
+    (faults / "slow").write_text("")  # 1 s per shard; shard 8 fails 0.2 s into it
+    try:
+        with pytest.raises(ConversionError, match="injected failure") as info:
+            convert(str(src), str(tmp_path / "ray"), executor="ray", **_LOCAL_OPTIONS)
+    finally:
+        (faults / "slow").unlink()
     assert "Ray task writing shard shard-000008.tar" in "".join(info.value.__notes__)
     # Shard 8 was submitted only when at most 4 tasks were outstanding: 0-4 are committed.
-    done = sorted(p.name for p in (tmp_path / "ray/_fastload_convert/done").iterdir())
-    assert {f"shard-{n:06d}.tar.json" for n in range(5)} <= set(done)
+    # Shards 10 and 11 (queued behind 8 and 9 on the 2 CPUs) were cancelled, not written.
+    done = {p.name for p in (tmp_path / "ray/_fastload_convert/done").iterdir()}
+    assert {f"shard-{n:06d}.tar.json" for n in range(5)} <= done
+    assert not done & {"shard-000010.tar.json", "shard-000011.tar.json"}, done
+    shards = {p.name + ".json" for p in (tmp_path / "ray").glob("shard-*.tar")}
+    assert shards == done  # every shard there is whole and recorded
     assert not (tmp_path / "ray/fastload.json").exists()
 
     (faults / "fail").unlink()
