@@ -29,6 +29,8 @@ _PASSED_ON = (
     "shard_size",
     "shard_samples",
     "workers",
+    "executor",
+    "ray_address",
     "shuffle",
     "seed",
     "on_error",
@@ -82,6 +84,21 @@ def add(sub: Any) -> None:
     )
     p.add_argument(
         "--workers", type=positive_int, default=None, help="worker processes (default: all cores)"
+    )
+    p.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        default="local",
+        help="what writes the shards: local (this machine's --workers processes, default) or ray "
+        "(one Ray task per shard; same bytes; needs fastload[ray]; stores must be reachable from "
+        "every Ray node: s3://, or a directory every node mounts at the same path)",
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="the Ray cluster for --executor ray (auto, HOST:6379, ray://HOST:10001; default "
+        "$RAY_ADDRESS, else a local Ray runtime)",
     )
     p.add_argument("--shuffle", action="store_true", help="mix the sample order (see --seed)")
     p.add_argument("--seed", type=int, default=0, help="seed of --shuffle (default 0)")

@@ -24,6 +24,10 @@ SIGKILL) resumed with the same command gives the same bytes as an uninterrupted 
 live beside this module: the plan (``_plan``), the destination's state (``_state``) and its lock
 and what dead runs leave (``_guard``), the workers (``_worker``) and their executors (``_pool``),
 the map hook (``_map``), running out of space (``_space``) and the result (``_results``).
+
+Why one file: :func:`convert` is one ``try``/``finally`` that owns the executor, the
+destination's lock and the note of an interruption across all four steps; its helpers here only
+check its options and plan.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from fastload.convert._pool import (
     starts_before_planning,
 )
 from fastload.convert._progress import Progress, WarningPrinter, plural
+from fastload.convert._ray import RayExecutor
 from fastload.convert._results import (
     ConvertResult,
     SkippedItem,
@@ -94,6 +99,8 @@ __all__ = ["convert"]
 #: in the skip report rather than only logged.
 _ON_ERROR = ("raise", "skip")
 _KEPT = "each is kept if the plan still gives it the same samples"
+#: The engines that write the shards (``executor``).
+_EXECUTORS = ("local", "ray")
 
 
 def convert(
@@ -104,6 +111,8 @@ def convert(
     shard_size: int | str | None = None,
     shard_samples: int | None = None,
     workers: int | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
     shuffle: bool = False,
     seed: int = 0,
     on_error: str = "raise",
@@ -139,7 +148,13 @@ def convert(
             process. ``memory://`` stores always write in this process. Workers are forked when
             the calling process runs one thread, else started by multiprocessing's forkserver,
             which re-imports the calling script: call ``convert`` under
-            ``if __name__ == "__main__":`` in scripts.
+            ``if __name__ == "__main__":`` in scripts. Ignored with ``executor="ray"``.
+        executor: ``local`` (this process or ``workers`` processes) or ``ray`` (one Ray task
+            per shard, on the cluster of ``ray.init`` if this process called it, else of
+            ``ray_address``; needs ``fastload[ray]``; same bytes as ``local``; stores must be
+            reachable from every Ray node: object stores, or directories shared by all nodes).
+        ray_address: The Ray cluster for ``executor="ray"`` (``"auto"``, ``"host:6379"``,
+            ``"ray://host:10001"``); default ``RAY_ADDRESS``, else a local Ray runtime.
         shuffle: Mix the sample order with a permutation derived from ``seed``.
         seed: Seed of the permutation (only used with ``shuffle``).
         on_error: ``raise`` (stop at the first bad item; finished shards are kept and a re-run
@@ -189,6 +204,8 @@ def convert(
         check_int(option_name("shard_samples"), shard_samples, minimum=1)
     n_workers = (os.cpu_count() or 1) if workers is None else workers
     check_int(option_name("workers"), n_workers, minimum=1)
+    if executor not in _EXECUTORS:
+        raise InvalidArgumentError(f"{option_name('executor')} must be one of {_EXECUTORS}")
     if not prefix or "/" in prefix or prefix.startswith((".", "_")):
         raise InvalidArgumentError(
             f"{option_name('prefix')} {prefix!r} must be a non-empty name without '/' that does not "
@@ -198,7 +215,7 @@ def convert(
     resolve_map(map_fn, map_dir)  # fail early, in the parent, for a bad spec
     stream = progress_stream if progress_stream is not None else sys.stderr
 
-    pool: Pool | None = None
+    pool: Executor | None = None
     guard: Guard | None = None
     dst_store: Store | None = None
     plan: PlanStream | None = None  # for the message of an interruption
@@ -213,13 +230,17 @@ def convert(
             spec = resolve_tokenizer(tokenize, SOURCES.canonical(source.type_name), os.getcwd())
         dst_store = open_store(dst, **dict(store_options or {}))
         check_not_inside(source.store, source.keys is not None, dst_store)
-        use_pool = (
-            n_workers > 1
-            and not dry_run
-            and not isinstance(dst_store, MemoryStore)
-            and not isinstance(source.store, MemoryStore)
+        use_pool = not dry_run and (
+            executor == "ray"  # which refuses memory:// stores
+            or (
+                n_workers > 1
+                and not isinstance(dst_store, MemoryStore)
+                and not isinstance(source.store, MemoryStore)
+            )
         )
-        if use_pool and starts_before_planning():
+        if use_pool and executor == "ray":
+            pool = RayExecutor(ray_address, source.store, dst_store)
+        elif use_pool and starts_before_planning():
             pool = Pool(n_workers, fmt)
 
         # 1. plan: shards are cut (and hashed) as the source is enumerated
@@ -309,11 +330,11 @@ def convert(
         ahead = list(itertools.islice(feed := jobs(), 2))  # one job is written in this process
         if (several := len(ahead) > 1) and pool is None and use_pool:
             pool = Pool(n_workers, fmt)
-        executor: Executor = pool if pool is not None and several else InProcess()
+        runner = pool if pool is not None and (several or executor == "ray") else InProcess()
         feed = itertools.chain(ahead, feed)
         del ahead  # the chain alone holds those two jobs, until they are written
         try:
-            run_jobs(executor, feed, done, map_fn)
+            run_jobs(runner, feed, done, map_fn)
         finally:
             progress.close()
         check_leftovers(dst_store, found, plan.shards)
@@ -328,7 +349,7 @@ def convert(
         return result
     except KeyboardInterrupt as exc:
         interrupted = exc
-        if pool is not None and phase == "writing" and not quiet:
+        if isinstance(pool, Pool) and phase == "writing" and not quiet:
             stream.write(
                 "fastload convert: interrupted; the workers finish the shards they are writing "
                 "(Ctrl-C again to stop at once; those shards are then written again by a re-run)\n"

@@ -117,6 +117,9 @@ class Executor(ABC):
     Every executor writes the same bytes: a shard's content depends only on its job.
     """
 
+    #: Whether jobs are pickled to other processes (then a ``map_fn`` must be picklable).
+    ships_jobs = False
+
     @abstractmethod
     def run(self, jobs: Iterator[ShardJob], done: ShardRecords) -> None:
         """Write the shard of every job of ``jobs`` and return when all are committed.
@@ -158,6 +161,8 @@ class Pool(Executor):
     commits each shard while it writes the next. Forked workers start with the parent's objects frozen (``gc.freeze``), so their
     garbage collector does not touch, and so copy, the parent's heap (e.g. the plan).
     """
+
+    ships_jobs = True
 
     def __init__(self, n_workers: int, fmt: Format) -> None:
         ctx = pool_context()
@@ -213,7 +218,7 @@ def run_jobs(
     executor: Executor, jobs: Iterable[ShardJob], done: ShardRecords, map_fn: str | MapFn | None
 ) -> None:
     """Write the shards of ``jobs`` (planned as they are taken) with ``executor``."""
-    if isinstance(executor, Pool) and map_fn is not None and not isinstance(map_fn, str):
+    if executor.ships_jobs and map_fn is not None and not isinstance(map_fn, str):
         _check_picklable(map_fn)
     executor.run(iter(jobs), done)
 
