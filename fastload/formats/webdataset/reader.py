@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any, Unpack
 
 from fastload.errors import CorruptDataError, FormatError, MissingIndexError, ObjectNotFoundError
+from fastload.formats import _index_cache
 from fastload.formats._base import DAMAGED_SHARD_REMEDY, ReaderOptions, ShardReader
 from fastload.formats._mmap import local_file, map_file
 from fastload.formats.webdataset._compressed import HEAD_BYTES, compressed_name, compression_of
@@ -14,7 +15,7 @@ from fastload.formats.webdataset._scan import DIRECTORY, REGULAR, Bad, Member
 from fastload.formats.webdataset._source import open_shard, scan_shard
 from fastload.formats.webdataset._tar import BLOCK, checksum_ok, parse_octal, split_member_name
 from fastload.formats.webdataset._view import ShardView
-from fastload.formats.webdataset.index import Component, member_problem, parse_index
+from fastload.formats.webdataset.index import Component, SampleIndex, load_index, member_problem
 from fastload.storage import ByteRange, Store
 
 __all__ = ["WebDatasetReader"]
@@ -64,12 +65,12 @@ class WebDatasetReader(ShardReader):
 
     def __init__(self, store: Store, key: str, **options: Unpack[ReaderOptions]) -> None:
         super().__init__(store, key, **options)
-        self._index: list[list[Component]] | None = None
+        self._index: SampleIndex | None = None
         self._index_loaded = False
         self._map: ShardView | None = None  # this process's map of a local shard, for read()
         self._map_tried = False
         self._size = -1  # the shard's size when the index was loaded
-        self._names_checked = True  # parse_index checked the member names of the index
+        self._names_checked = True  # load_index checked the member names of the index
 
     def __getstate__(self) -> dict[str, Any]:
         # Workers reload the index and map the shard lazily instead of receiving copies.
@@ -87,7 +88,7 @@ class WebDatasetReader(ShardReader):
 
     # ---- index --------------------------------------------------------------------------------
 
-    def _load_index(self) -> list[list[Component]] | None:
+    def _load_index(self) -> SampleIndex | None:
         if self._index_loaded:
             return self._index
         if compressed_name(self.key):  # offsets into a compressed tar mean nothing: no index
@@ -95,6 +96,30 @@ class WebDatasetReader(ShardReader):
             return None
         ikey = self.index_key if self.index_key is not None else self.key + ".idx"
         iurl = self.store.child_url(ikey)
+        shard_path, index_path = local_file(self.store, self.key), local_file(self.store, ikey)
+        index: SampleIndex | None
+        try:
+            if shard_path is not None and index_path is not None:  # parsed once per process
+                self._size = _index_cache.stamp_of(shard_path).size
+                index = _index_cache.cached(
+                    "webdataset", shard_path, index_path, lambda data, _: load_index(data, url=iurl)
+                )
+                index.check_bound(self.index_bound(self._size), iurl)
+            else:
+                index = self._fetch_index(ikey, iurl)
+                if index is None:
+                    self._index, self._index_loaded = None, True
+                    return None
+            self.check_index_count(len(index), iurl)
+        except CorruptDataError as exc:
+            self.index_damaged(exc, "member headers")
+            index = self._scan_index()
+            self._names_checked = False  # read() checks each sample's names as it reads it
+        self._index, self._index_loaded = index, True
+        return index
+
+    def _fetch_index(self, ikey: str, iurl: str) -> SampleIndex | None:
+        """The index read through the store (not cached), or ``None`` when there is none."""
         try:
             data = self.store.get(ikey)
         except ObjectNotFoundError:
@@ -104,20 +129,11 @@ class WebDatasetReader(ShardReader):
                     "`fastload index`, or pass index_key=None to read without one",
                     url=iurl,
                 ) from None
-            self._index, self._index_loaded = None, True
             return None
         self._size = size = self.store.size(self.key)
-        try:
-            index = parse_index(data, url=iurl, shard_size=self.index_bound(size))
-            self.check_index_count(len(index), iurl)
-        except CorruptDataError as exc:
-            self.index_damaged(exc, "member headers")
-            index = self._scan_index()
-            self._names_checked = False  # read() checks each sample's names as it reads it
-        self._index, self._index_loaded = index, True
-        return index
+        return load_index(data, url=iurl, shard_size=self.index_bound(size))
 
-    def _scan_index(self) -> list[list[Component]]:
+    def _scan_index(self) -> SampleIndex:
         """An index built from the shard's own headers, replacing a damaged index file.
 
         Used under ``skip``/``warn``: the shard is intact, so its samples are kept. The scan stops
@@ -142,7 +158,7 @@ class WebDatasetReader(ShardReader):
                     samples[-1].append(comp)
         if self.expected_samples is not None and len(samples) > self.expected_samples:
             del samples[self.expected_samples :]
-        return samples
+        return SampleIndex.from_samples(samples)
 
     def _compression(self) -> str | None:
         """The shard's compression from its first bytes (for messages; one small read)."""
@@ -158,7 +174,7 @@ class WebDatasetReader(ShardReader):
         """True when the shard has an index (looked up, and loaded, on first access)."""
         return self._load_index() is not None
 
-    def _require_index(self) -> list[list[Component]]:
+    def _require_index(self) -> SampleIndex:
         index = self._load_index()
         if index is None:
             codec = self._compression()
@@ -206,7 +222,7 @@ class WebDatasetReader(ShardReader):
             if missing is not None:
                 raise missing
             raise IndexError(f"sample {i} out of range: {self.url} has {len(index)} samples")
-        comps = index[i]
+        comps = index.components(i)
         last = comps[-1]
         if last.offset + last.size > self._size:
             raise self.past_end(i, comps[0].offset - BLOCK, last.offset + last.size, self._size)
@@ -232,7 +248,7 @@ class WebDatasetReader(ShardReader):
                     url=self.url,
                     offset=comp.offset,
                 )
-            if not comp.name or not self._names_checked:  # check what parse_index did not
+            if not comp.name or not self._names_checked:  # check what load_index did not
                 problem = member_problem(name, comp.ext)
                 if problem is None and key is not None and split[0] != key:
                     problem = f"belongs to sample {split[0]!r}, not {key!r}"
@@ -333,7 +349,7 @@ class WebDatasetReader(ShardReader):
             return super().iter_from(start)
         if start >= len(index):
             return iter(())
-        last = index[start - 1][-1]
+        last = index.components(start - 1)[-1]
         return self._stream(last.offset + last.size + (-last.size % BLOCK), start)
 
     def _stream(self, offset: int, first: int) -> Iterator[dict[str, Any]]:
