@@ -114,9 +114,12 @@ _held = 0
 _parses = 0
 
 
-def cached(kind: str, shard: str, index: str, parse: Callable[[bytes, int], P]) -> P:
+def cached(
+    kind: str, shard: str, index: str, parse: Callable[[bytes, int], P]
+) -> tuple[P, FileStamp]:
     """The index file ``index`` of the shard file ``shard`` parsed by ``parse``, from this
-    process's cache, or parsed now and kept (within :data:`budget`).
+    process's cache, or parsed now and kept (within :data:`budget`); and the shard's
+    :class:`FileStamp` the parse belongs to.
 
     ``parse(index_bytes, shard_size)`` must depend only on the two files' contents (checks that
     depend on the caller, such as a manifest's sample count, belong after this call), and
@@ -133,7 +136,7 @@ def cached(kind: str, shard: str, index: str, parse: Callable[[bytes, int], P]) 
         entry = _TABLE.get(key)
         if entry is not None and entry.stamps == stamps:
             _TABLE.move_to_end(key)
-            return entry.value  # type: ignore[return-value]
+            return entry.value, stamps[0]  # type: ignore[return-value]
     now = time.time_ns()
     with open(index, "rb") as f:
         data = f.read()
@@ -149,7 +152,7 @@ def cached(kind: str, shard: str, index: str, parse: Callable[[bytes, int], P]) 
             _TABLE[key] = _Entry(stamps, value)
             _held += value.nbytes
             _trim()
-    return value
+    return value, stamps[0]
 
 
 def _trim() -> None:

@@ -1,7 +1,12 @@
 """The vectorised parse of the common WebDataset index shape accepts exactly what the line-by-line
-parse accepts, with the same result, and the compact index reads back as the samples it holds."""
+parse accepts, with the same result, and the compact index reads back as the samples it holds;
+the index rebuilt from a read pass (``fastload verify``) is the one ``build_index`` gives."""
 
 from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -12,10 +17,13 @@ from fastload.formats.webdataset._compact import SampleIndex, parse_uniform
 from fastload.formats.webdataset.index import (
     Component,
     _parse_lines,
+    build_index,
     format_index,
     load_index,
     parse_index,
 )
+from fastload.formats.webdataset.reader import WebDatasetReader
+from fastload.storage import LocalStore, Store
 
 #: Path segments and fields, well-formed ones drawn far more often than the rest.
 _SEGMENT = st.sampled_from(["a", "dir", "x.y", "é"] * 6 + ["..", "", "\\", "/", "__k", "a b"])
@@ -95,3 +103,47 @@ def test_common_shape_takes_the_vectorised_parse() -> None:
     with pytest.raises(CorruptDataError, match=r"line 6 points at bytes \[9728, 9737\)"):
         index.check_bound(9736, "u")
     index.check_bound(9737, "u")
+
+
+def _never(_store: Store, _key: str) -> bytes:
+    raise AssertionError("the index must come from the read pass")
+
+
+@pytest.mark.parametrize(
+    "tar_format", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]
+)
+def test_index_from_the_read_pass_equals_build_index(tmp_path: Path, tar_format: int) -> None:
+    """``fastload verify`` reads a shard once: the index rebuilt from the samples' pass is the
+    bytes ``build_index`` gives, for long names (ustar prefix, GNU and pax headers) too."""
+    long = "d" * 90 if tar_format == tarfile.USTAR_FORMAT else "é" * 120
+    with tarfile.open(tmp_path / "s.tar", "w", format=tar_format) as tar:
+        for i in range(5):
+            for ext, data in (("cls", str(i).encode()), ("bin", bytes(700 * i))):
+                info = tarfile.TarInfo(f"{long}/k{i}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    store = LocalStore(str(tmp_path))
+    reader = WebDatasetReader(store, "s.tar", on_error="skip")
+    samples, index = reader.iter_and_index(_never)
+    assert [s["__key__"] for s in samples] == [f"{long}/k{i}" for i in range(5)]
+    assert index() == build_index(store, "s.tar")
+
+
+def test_index_after_damage_comes_from_build_index(tmp_path: Path) -> None:
+    """A pass that met damage (skipped under ``skip``) leaves the index to ``build_index``, which
+    reports the damage as it always did."""
+    with tarfile.open(tmp_path / "s.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
+        for i in range(4):
+            info = tarfile.TarInfo(f"k{i}.cls")
+            info.size = 3
+            tar.addfile(info, io.BytesIO(b"abc"))
+    data = bytearray((tmp_path / "s.tar").read_bytes())
+    data[1024 + 148] ^= 0x01  # the second member's header checksum
+    (tmp_path / "s.tar").write_bytes(bytes(data))
+    store = LocalStore(str(tmp_path))
+    reader = WebDatasetReader(store, "s.tar", on_error="skip")
+    samples, index = reader.iter_and_index(build_index)
+    assert [s["__key__"] for s in samples] == ["k3"]  # the samples around the bad header drop
+    assert reader.skipped > 0
+    with pytest.raises(CorruptDataError, match="checksum"):
+        index()

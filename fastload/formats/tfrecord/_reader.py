@@ -289,21 +289,16 @@ class TFRecordReader(ShardReader):
             iurl = self.store.child_url(index_key)
             shard_path = local_file(self.store, self.key)
             index_path = local_file(self.store, index_key)
-            index: RecordIndex | None = None
+            found: tuple[RecordIndex, _index_cache.FileStamp] | None = None
             if shard_path is not None and index_path is not None:  # parsed once per process
+                parse = partial(parse_local_index, url=iurl, shard=shard_path)
                 try:
-                    index = _index_cache.cached(
-                        "tfrecord",
-                        shard_path,
-                        index_path,
-                        partial(parse_local_index, url=iurl, shard=shard_path),
-                    )
+                    found = _index_cache.cached("tfrecord", shard_path, index_path, parse)
                 except (CorruptDataError, OSError):
-                    index = None  # compressed, damaged, or gone: the checks below say which
-            if index is not None:
-                assert shard_path is not None
-                self._size = _index_cache.stamp_of(shard_path).size
-                self._index = self._checked(index, iurl, self._size)
+                    found = None  # compressed, damaged, or gone: the checks below say which
+            if found is not None:
+                self._size = found[1].size
+                self._index = self._checked(found[0], iurl, self._size)
             else:
                 self._index = self._fetch_index(index_key, iurl)
             self._index_loaded = True

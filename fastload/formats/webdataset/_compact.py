@@ -78,6 +78,7 @@ class SampleIndex:
         self._starts, self._offsets, self._sizes, self._fields = starts, offsets, sizes, fields
         self._exts = tuple(exts)
         self._keys, self._key_starts = keys, key_starts
+        self._end: int | None = None  # where the last component ends
 
     @classmethod
     def from_samples(cls, samples: Sequence[Sequence[Component]]) -> SampleIndex:
@@ -160,10 +161,12 @@ class SampleIndex:
         Raises:
             CorruptDataError: Names the first index line that points past the end.
         """
+        if self._end is None:  # computed once: readers check every reopen
+            self._end = int((self._offsets + self._sizes).max(initial=0))
+        if self._end <= shard_size:
+            return
         ends = self._offsets + self._sizes
         past = np.flatnonzero(ends > shard_size)
-        if not len(past):
-            return
         j = int(past[0])
         line = int(np.searchsorted(self._starts, j, side="right")) - 1 + 2
         raise CorruptDataError(

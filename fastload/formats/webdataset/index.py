@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 
 from fastload.errors import CorruptDataError, FormatError
 from fastload.formats.webdataset._compact import Component, SampleIndex, parse_uniform
-from fastload.formats.webdataset._scan import DIRECTORY, REGULAR, Bad, scan
+from fastload.formats.webdataset._scan import DIRECTORY, REGULAR, Bad, Member, scan
 from fastload.formats.webdataset._source import open_shard
 from fastload.formats.webdataset._tar import BLOCK, split_member_name, unsafe_name_reason
 from fastload.formats.webdataset._view import ShardView
@@ -24,6 +24,7 @@ __all__ = [
     "Component",
     "SampleIndex",
     "build_index",
+    "components_of",
     "format_index",
     "has_index_whitespace",
     "load_index",
@@ -216,9 +217,15 @@ def index_components(shard: ShardView, url: str) -> list[list[Component]]:
         FormatError: A member is not a regular file, has an unsafe path, or has a name with
             whitespace, which the index format cannot represent.
     """
+    return components_of(scan(shard, url, want_data=False), url)
+
+
+def components_of(members: Iterable[Member | Bad], url: str) -> list[list[Component]]:
+    """The index samples of a tar's ``members`` (as :func:`scan` yields them, in order);
+    raises as :func:`index_components` does."""
     samples: list[list[Component]] = []
     last: str | None = None
-    for item in scan(shard, url, want_data=False):
+    for item in members:
         if isinstance(item, Bad):
             raise item.error
         name, kind, type_name, header_offset, data_offset, size, _ = item

@@ -3,19 +3,31 @@
 from __future__ import annotations
 
 import mmap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Unpack
 
 from fastload.errors import CorruptDataError, FormatError, MissingIndexError, ObjectNotFoundError
 from fastload.formats import _index_cache
 from fastload.formats._base import DAMAGED_SHARD_REMEDY, ReaderOptions, ShardReader
 from fastload.formats._mmap import local_file, map_file
-from fastload.formats.webdataset._compressed import HEAD_BYTES, compressed_name, compression_of
+from fastload.formats.webdataset._compressed import (
+    HEAD_BYTES,
+    InflatedView,
+    compressed_name,
+    compression_of,
+)
 from fastload.formats.webdataset._scan import DIRECTORY, REGULAR, Bad, Member
 from fastload.formats.webdataset._source import open_shard, scan_shard
 from fastload.formats.webdataset._tar import BLOCK, checksum_ok, parse_octal, split_member_name
 from fastload.formats.webdataset._view import ShardView
-from fastload.formats.webdataset.index import Component, SampleIndex, load_index, member_problem
+from fastload.formats.webdataset.index import (
+    Component,
+    SampleIndex,
+    components_of,
+    format_index,
+    load_index,
+    member_problem,
+)
 from fastload.storage import ByteRange, Store
 
 __all__ = ["WebDatasetReader"]
@@ -100,19 +112,18 @@ class WebDatasetReader(ShardReader):
         index: SampleIndex | None
         try:
             if shard_path is not None and index_path is not None:  # parsed once per process
-                self._size = _index_cache.stamp_of(shard_path).size
-                index = _index_cache.cached(
+                index, stamp = _index_cache.cached(
                     "webdataset", shard_path, index_path, lambda data, _: load_index(data, url=iurl)
                 )
+                self._size = stamp.size
                 index.check_bound(self.index_bound(self._size), iurl)
             else:
                 index = self._fetch_index(ikey, iurl)
-                if index is None:
-                    self._index, self._index_loaded = None, True
-                    return None
-            self.check_index_count(len(index), iurl)
+            if index is not None:
+                self.check_index_count(len(index), iurl)
         except CorruptDataError as exc:
             self.index_damaged(exc, "member headers")
+            self._size = self.store.size(self.key)
             index = self._scan_index()
             self._names_checked = False  # read() checks each sample's names as it reads it
         self._index, self._index_loaded = index, True
@@ -339,6 +350,32 @@ class WebDatasetReader(ShardReader):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """Yield the shard's samples in order, streaming."""
         return self._stream(0, 0)
+
+    def iter_and_index(
+        self, build_index: Callable[[Store, str], bytes | None]
+    ) -> tuple[Iterator[dict[str, Any]], Callable[[], bytes | None]]:
+        """:meth:`ShardReader.iter_and_index`; indexes a whole, undamaged, uncompressed pass."""
+        seen: list[Member | Bad] = []
+        done = [False]
+
+        def tee(members: Iterator[Member | Bad]) -> Iterator[Member | Bad]:
+            for item in members:
+                seen.append(item if isinstance(item, Bad) else (*item[:6], None))
+                yield item
+
+        def samples() -> Iterator[dict[str, Any]]:
+            with open_shard(self.store, self.key, inflate=True) as shard:
+                plain = not isinstance(shard, InflatedView)  # else build_index refuses it
+                members = scan_shard(shard, self.url)
+                yield from self._samples(tee(members) if plain else members, 0)
+                done[0] = plain
+
+        def index() -> bytes | None:
+            if done[0] and not self.skipped:
+                return format_index(components_of(seen, self.url))
+            return build_index(self.store, self.key)
+
+        return samples(), index
 
     def iter_from(self, start: int) -> Iterator[dict[str, Any]]:
         """Yield samples from position ``start`` on; with an index, seeks straight there."""
