@@ -21,16 +21,40 @@ space over the page cache (clean, shared, reclaimable pages), not private memory
 from __future__ import annotations
 
 import logging
+import resource
 import threading
 from collections import OrderedDict
 from typing import Any
 
 from fastload._lazy import PerProcess
 from fastload.formats import ShardReader
+from fastload.storage import CachingStore, Store
 
-__all__ = ["ReaderCache", "ReaderSlot", "close_quietly"]
+__all__ = ["DEFAULT_OPEN_SHARDS", "ReaderCache", "ReaderSlot", "close_quietly", "default_capacity"]
+
+#: ``max_open_shards=None`` for shards that are not plain local files (a remote store, a cache).
+DEFAULT_OPEN_SHARDS = 16
+#: ``max_open_shards=None`` keeps at most this many readers open per thread for local files.
+MAX_AUTO_OPEN_SHARDS = 4096
 
 log = logging.getLogger("fastload.loader")
+
+
+def default_capacity(store: Store, shards: int) -> int:
+    """The readers a thread keeps open with ``max_open_shards=None``.
+
+    Local files (a store with local paths that is not a :class:`~fastload.storage.CachingStore`):
+    every shard of the dataset, so that the block shuffle never closes and remakes a reader, up
+    to an eighth of the soft ``RLIMIT_NOFILE`` (a reader holds at most 2 file descriptors: the
+    readers then take at most a quarter of the limit), at least 16 and at most 4,096. Other
+    stores: 16 (:data:`DEFAULT_OPEN_SHARDS`): remote readers hold connections, and a cache's
+    files must not be held open long after it evicts them.
+    """
+    if not store.has_local_paths or isinstance(store, CachingStore):
+        return DEFAULT_OPEN_SHARDS
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = MAX_AUTO_OPEN_SHARDS if soft == resource.RLIM_INFINITY else soft // 8
+    return max(1, min(shards, max(DEFAULT_OPEN_SHARDS, min(MAX_AUTO_OPEN_SHARDS, limit))))
 
 
 class ReaderSlot:

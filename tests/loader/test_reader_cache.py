@@ -6,6 +6,7 @@ changed file is opened or parsed again, and damage is still found after a reopen
 from __future__ import annotations
 
 import os
+import resource
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,7 +22,8 @@ from fastload.formats.lmdb import _envs
 from fastload.formats.lmdb._reader import LMDBReader
 from fastload.formats.tfrecord._reader import TFRecordReader
 from fastload.formats.webdataset.reader import WebDatasetReader
-from fastload.storage import LocalStore
+from fastload.loader._readers import DEFAULT_OPEN_SHARDS, default_capacity
+from fastload.storage import CachingStore, LocalStore
 
 SHARDS = 24
 PER_SHARD = 8
@@ -83,10 +85,12 @@ def _counting(cls: type[ShardReader]) -> Iterator[list[int]]:
         yield count
 
 
-def _two_epochs(root: Path, cls: type[ShardReader]) -> int:
-    """Two shuffled epochs through an LRU of 2 readers, each delivering every sample once; how
-    many readers of ``cls`` were made."""
-    ds = fl.open_dataset(str(root), fields=("__key__",), block_size=2, max_open_shards=2)
+def _two_epochs(root: Path, cls: type[ShardReader], max_open_shards: int | None = 2) -> int:
+    """Two shuffled epochs through an LRU of ``max_open_shards`` readers (default 2), each
+    delivering every sample once; how many readers of ``cls`` were made."""
+    ds = fl.open_dataset(
+        str(root), fields=("__key__",), block_size=2, max_open_shards=max_open_shards
+    )
     with _counting(cls) as readers:
         for epoch in range(2):
             loader = fl.DataLoader(ds, batch_size=4)
@@ -288,3 +292,30 @@ def test_recently_written_files_are_parsed_again(
     for _ in range(2):
         assert len(READERS[fmt](store, shard.name)) == PER_SHARD
     assert _index_cache.parse_count() - before == 2
+
+
+@pytest.mark.timeout(120)
+def test_default_keeps_every_local_shard_open(
+    indexed_root: Path, fmt: str, empty_cache: None
+) -> None:
+    """With ``max_open_shards=None`` (default) a local dataset's readers all stay open: each
+    shard's reader is made once per process over two epochs, never reopened."""
+    assert _two_epochs(indexed_root, READERS[fmt], max_open_shards=None) == SHARDS
+
+
+def test_default_capacity_is_bounded_by_the_descriptor_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local = LocalStore(str(tmp_path))
+    cached = CachingStore(LocalStore(str(tmp_path / "remote")), str(tmp_path / "cache"))
+    limits = {"soft": 20_000}
+    monkeypatch.setattr(resource, "getrlimit", lambda _which: (limits["soft"], 1 << 20))
+    assert default_capacity(local, 1000) == 1000  # every shard
+    assert default_capacity(local, 10**6) == 2500  # an eighth of the limit
+    assert default_capacity(cached, 1000) == DEFAULT_OPEN_SHARDS
+    limits["soft"] = 1024
+    assert default_capacity(local, 1000) == 128
+    limits["soft"] = 64
+    assert default_capacity(local, 1000) == DEFAULT_OPEN_SHARDS  # never below 16
+    limits["soft"] = resource.RLIM_INFINITY
+    assert default_capacity(local, 10**6) == 4096
