@@ -20,13 +20,22 @@ measures the code as it is changed:
    small records (TFRecord, ``--shard-samples 10000 --workers 2``; the CLI in a grandchild) until
    its first shard is committed (its done record is there), and the converting process's peak RSS
    then; the conversion is then killed (the rest is not measured).
+7. ``shards-lmdb``, ``shards-tfrecord``, ``shards-webdataset``: samples/s of one whole shuffled
+   epoch (start-up included; batch 256, 2 workers) over the same 10^6 ~16-byte samples
+   (``--quick``: 10^5) cut into 10, 100 and 1,000 shards: the shard count alone grows, so every
+   per-shard cost (opening, index parsing, the reader LRU's reopening) shows in the slope.
+   Sizes up to 10^8 samples in 1,000 shards (the issue's) need ~10 GB of LMDB and ~200 GB of
+   WebDataset (a tar member costs >= 1 KiB): the shard count is scaled instead.
 
 For each series the table gives the figure at each size and the slope ``k`` between consecutive
 sizes, ``log(f2 / f1) / log(n2 / n1)``: 0 is flat, 1 linear in the size (for a rate, -1 means
 the rate halves when the size doubles). The datasets are built once under
 ``$FASTLOAD_BENCH_ROOT/scale`` (default ``/tmp/fastload-bench/scale``) and reused.
 
-Run: ``python -m benchmarks.bench_scale [--quick] [--only SERIES,...] [--json PATH]``.
+Each size is measured ``--rounds`` times (default 1), sizes alternating within a round; the
+table gives the medians.
+
+Run: ``python -m benchmarks.bench_scale [--quick] [--rounds R] [--only SERIES,...] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -54,6 +63,10 @@ EPOCH_SHARD = 100_000
 #: Samples timed in each ``epoch`` run, at most (after the harness's warm-up batches;
 #: ``--quick``: 50,000).
 EPOCH_SAMPLES = 200_000
+#: Samples of the ``shards-*`` datasets (``--quick``: 10^5).
+SHARDS_SAMPLES = 10**6
+#: Formats of the ``shards-*`` series.
+SHARDS_FORMATS = ("lmdb", "tfrecord", "webdataset")
 #: Samples per shard of the ``verify`` datasets.
 VERIFY_SHARD = 10
 #: ``state_dict()`` calls timed per run (the median is reported).
@@ -116,6 +129,16 @@ SERIES = (
         (10**5, 10**6),
         (("first_s", "1st shard s"), ("rss_mb", "RSS MB then")),
     ),
+    *(
+        Series(
+            f"shards-{fmt}",
+            "shards",
+            (10, 100, 1000),
+            (10, 100, 1000),
+            (("samples_per_s", "samples/s"), ("total_seconds", "epoch s")),
+        )
+        for fmt in SHARDS_FORMATS
+    ),
 )
 
 
@@ -161,6 +184,11 @@ def prepare(series: Series, n: int, quick: bool) -> list[str]:
         src = _jsonl(ROOT / f"sixteen-{n}.jsonl", n, _sixteen)
         root = _converted(f"epoch-lmdb-{n}-{shard}", src, fmt="lmdb", shard_samples=shard)
         return [str(root), str(min(n, timed))]
+    if series.name.startswith("shards-"):
+        fmt, total = series.name.removeprefix("shards-"), 10**5 if quick else SHARDS_SAMPLES
+        src = _jsonl(ROOT / f"sixteen-{total}.jsonl", total, _sixteen)
+        root = _converted(f"shards-{fmt}-{n}x{total // n}", src, fmt=fmt, shard_samples=total // n)
+        return [str(root), str(total)]
     if series.name == "verify":
         src = _jsonl(ROOT / f"sixteen-{n * VERIFY_SHARD}.jsonl", n * VERIFY_SHARD, _sixteen)
         name = f"verify-wds-{n}x{VERIFY_SHARD}"
@@ -222,6 +250,15 @@ def child_epoch(n: int, root: str, timed: str) -> dict[str, Any]:
     loader = DataLoader(open_dataset(root, shuffle=True), batch_size=256, num_workers=2)
     result = time_batches(loader, int(timed))
     return {"samples_per_s": result["samples"] / result["seconds"], "shards": shards, **result}
+
+
+def child_shards(n: int, root: str, total: str) -> dict[str, Any]:
+    """One whole shuffled epoch: samples/s over its wall time, start-up included."""
+    from fastload import DataLoader, open_dataset
+
+    loader = DataLoader(open_dataset(root, shuffle=True), batch_size=256, num_workers=2)
+    result = time_batches(loader, int(total))
+    return {**result, "samples_per_s": int(total) / result["total_seconds"]}
 
 
 def child_state_dict(n: int) -> dict[str, Any]:
@@ -288,6 +325,7 @@ CHILDREN: dict[str, Callable[..., dict[str, Any]]] = {
     "epoch-order": child_epoch_order,
     "verify": child_verify,
     "convert-first-shard": child_convert_first_shard,
+    **{f"shards-{fmt}": child_shards for fmt in SHARDS_FORMATS},
 }
 
 
@@ -301,19 +339,30 @@ def slope(n1: int, f1: float, n2: int, f2: float) -> float | None:
     return math.log(f2 / f1) / math.log(n2 / n1)
 
 
-def run_series(series: Series, quick: bool) -> dict[str, Any]:
-    """Measure ``series`` at each size (in a fresh child each) and print its table."""
+def run_series(series: Series, quick: bool, rounds: int = 1) -> dict[str, Any]:
+    """Measure ``series`` at each size (in a fresh child each, sizes alternating over ``rounds``)
+    and print its table of medians."""
     sizes = series.quick if quick else series.sizes
     print(f"== {series.name}: {series.what} {', '.join(f'{n:,}' for n in sizes)} ==", flush=True)
-    rows: list[dict[str, Any]] = []
+    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in sizes}
+    argv: dict[int, list[str] | str] = {}
     for n in sizes:
         try:
-            args = prepare(series, n, quick)
+            argv[n] = prepare(series, n, quick)
         except subprocess.CalledProcessError as exc:
-            rows.append({"size": n, "error": f"building the input failed: {exc}"})
-            continue
-        cmd = [sys.executable, "-m", "benchmarks.bench_scale", "--child", series.name, str(n)]
-        rows.append({"size": n, **run_child(cmd + args, timeout=CHILD_TIMEOUT)})
+            argv[n] = f"building the input failed: {exc}"
+    for r in range(rounds):
+        for n in sizes:
+            args = argv[n]
+            if isinstance(args, str):
+                runs[n].append({"error": args})
+                continue
+            cmd = [sys.executable, "-m", "benchmarks.bench_scale", "--child", series.name, str(n)]
+            runs[n].append(run_child(cmd + args, timeout=CHILD_TIMEOUT))
+            if rounds > 1:
+                first = series.figures[0][0]
+                print(f"  round {r + 1} {n:,}: {_fmt(runs[n][-1].get(first, 0.0))}", flush=True)
+    rows = [{"size": n, **_median(runs[n], series)} for n in sizes]
     table = Table((series.what, 12), *((title, 12) for _, title in series.figures), ("k", 14))
     print(table.header())
     slopes: list[dict[str, Any]] = []
@@ -336,6 +385,19 @@ def run_series(series: Series, quick: bool) -> dict[str, Any]:
     return {"what": series.what, "rows": rows, "slopes": slopes}
 
 
+def _median(runs: list[dict[str, Any]], series: Series) -> dict[str, Any]:
+    """The per-figure medians of ``runs`` (the first error if any run failed)."""
+    import statistics
+
+    for run in runs:
+        if "error" in run:
+            return run
+    out = dict(runs[0])
+    for key, _ in series.figures:
+        out[key] = statistics.median(run[key] for run in runs)
+    return out
+
+
 def _fmt(value: float) -> str:
     if value >= 100:
         return f"{value:,.0f}"
@@ -346,6 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="the smallest sizes only")
     parser.add_argument("--only", help="comma-separated series (default: all)")
+    parser.add_argument("--rounds", type=int, default=1, help="runs per size (medians)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -362,7 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"load {os.getloadavg()[0]:.1f}; k = log-log slope of the first figure between sizes",
         flush=True,
     )
-    results = {s.name: run_series(s, args.quick) for s in SERIES if s.name in only}
+    results = {s.name: run_series(s, args.quick, args.rounds) for s in SERIES if s.name in only}
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
     failed = any("error" in row for r in results.values() for row in r["rows"])

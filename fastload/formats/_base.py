@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, TypedDict, get_args
 
@@ -336,6 +336,21 @@ class ShardReader(ABC):
             KeyError: A sample has no such field.
         """
         return None
+
+    def iter_and_index(
+        self, build_index: Callable[[Store, str], bytes | None]
+    ) -> tuple[Iterator[dict[str, Any]], Callable[[], bytes | None]]:
+        """Iterate the shard, and rebuild its index from the same pass where the format can.
+
+        Returns the samples (as :meth:`__iter__` yields them) and a function that, called after
+        they were all consumed, returns what ``build_index(store, key)`` (the format's
+        :attr:`Format.build_index`) returns for the shard: the same bytes, or the same exception.
+        This base implementation calls ``build_index``, which reads the shard a second time;
+        formats whose iteration sees what their index holds override it and index from the pass
+        (and fall back to ``build_index`` where the pass met damage or did not finish).
+        ``fastload verify`` reads each shard once this way.
+        """
+        return iter(self), lambda: build_index(self.store, self.key)
 
     def iter_from(self, start: int) -> Iterator[dict[str, Any]]:
         """Yield samples from position ``start`` on (seeks with an index, else skips)."""

@@ -30,7 +30,7 @@ def open_dataset(
     on_error: str = "raise",
     block_size: int | None = DEFAULT_BLOCK_SIZE,
     window: int = DEFAULT_WINDOW,
-    max_open_shards: int = 16,
+    max_open_shards: int | None = None,
     store_options: Mapping[str, Any] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_size: int | str = DEFAULT_CACHE_SIZE,
@@ -66,7 +66,9 @@ def open_dataset(
             errors raised by ``transform`` always raise (they are bugs, not bad data).
         block_size: Samples per shuffle block (locality of reads); ``None`` = whole shards.
         window: Blocks per shuffle window (how far samples mix locally).
-        max_open_shards: Open shard readers kept per reading thread (LRU).
+        max_open_shards: Open shard readers kept per reading thread (LRU). ``None`` (default):
+            every shard for local files, up to an eighth of ``RLIMIT_NOFILE`` (the block
+            shuffle then never reopens a shard), 16 for remote stores and caches.
         store_options: Options for :func:`fastload.open_store`: backend options
             (``endpoint_url``, credentials, ...) and its wrappers' (``retry=RetryConfig(...)``,
             ``max_concurrency``). Not allowed when ``url`` is a store.

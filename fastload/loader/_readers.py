@@ -5,32 +5,57 @@ not thread-safe, so each reading thread keeps its own; after ``fork`` the parent
 forgotten in the child, never used or closed there (:class:`~fastload._lazy.PerProcess`).
 Readers without random access also keep a sequential cursor (:class:`ReaderSlot`).
 
-``max_open_shards`` is the LRU's capacity: the readers one thread keeps open. The block shuffle
-reads from shards all over the dataset (a batch of 256 touches dozens), so readers are closed
-and made again all the time; what that costs is the format's. An LMDB reader is cheap to make
-again: its shard's environment, opened and checked once per process, stays open after the
-reader closes (:mod:`fastload.formats.lmdb._envs`), so a process keeps open, besides its
-readers' shards, at most ``_envs.budget`` LMDB shards (1,024, or a quarter of ``RLIMIT_NOFILE``
-where that is lower: 2 file descriptors and 2 mappings of the file each, within 1 TiB of files).
-Bound per worker process: open files <= 2 x max(``budget.environments``, threads x
-``max_open_shards``) for LMDB, 2 x threads x ``max_open_shards`` for the other formats (a
-shard's memory map holds a duplicate descriptor in CPython 3.11); mapped memory is address
-space over the page cache (clean, shared, reclaimable pages), not private memory.
+``max_open_shards`` is the LRU's capacity: the readers one thread keeps open; ``None`` (the
+default) is :func:`default_capacity`: every shard of a local dataset, up to an eighth of the soft
+``RLIMIT_NOFILE``, so that the block shuffle, which reads from shards all over the dataset (a
+batch of 256 touches dozens), does not close and remake readers; 16 for remote stores and caches.
+Where readers are remade, what it costs is the format's, and it is kept small per process: an
+LMDB shard's environment stays open, checked, after its reader closes
+(:mod:`fastload.formats.lmdb._envs`), and a WebDataset or TFRecord index stays parsed
+(:mod:`fastload.formats._index_cache`). Bound per worker process: open files <= 2 x threads x
+capacity for the readers (a shard's memory map holds a duplicate descriptor in CPython 3.11; an
+LMDB environment holds 2), plus 2 x ``_envs.budget.environments`` for LMDB's idle environments;
+mapped memory is address space over the page cache (clean, shared, reclaimable pages), not
+private memory.
 """
 
 from __future__ import annotations
 
 import logging
+import resource
 import threading
 from collections import OrderedDict
 from typing import Any
 
 from fastload._lazy import PerProcess
 from fastload.formats import ShardReader
+from fastload.storage import CachingStore, Store
 
-__all__ = ["ReaderCache", "ReaderSlot", "close_quietly"]
+__all__ = ["DEFAULT_OPEN_SHARDS", "ReaderCache", "ReaderSlot", "close_quietly", "default_capacity"]
+
+#: ``max_open_shards=None`` for shards that are not plain local files (a remote store, a cache).
+DEFAULT_OPEN_SHARDS = 16
+#: ``max_open_shards=None`` keeps at most this many readers open per thread for local files.
+MAX_AUTO_OPEN_SHARDS = 4096
 
 log = logging.getLogger("fastload.loader")
+
+
+def default_capacity(store: Store, shards: int) -> int:
+    """The readers a thread keeps open with ``max_open_shards=None``.
+
+    Local files (a store with local paths that is not a :class:`~fastload.storage.CachingStore`):
+    every shard of the dataset, so that the block shuffle never closes and remakes a reader, up
+    to an eighth of the soft ``RLIMIT_NOFILE`` (a reader holds at most 2 file descriptors: the
+    readers then take at most a quarter of the limit), at least 16 and at most 4,096. Other
+    stores: 16 (:data:`DEFAULT_OPEN_SHARDS`): remote readers hold connections, and a cache's
+    files must not be held open long after it evicts them.
+    """
+    if not store.has_local_paths or isinstance(store, CachingStore):
+        return DEFAULT_OPEN_SHARDS
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = MAX_AUTO_OPEN_SHARDS if soft == resource.RLIM_INFINITY else soft // 8
+    return max(1, min(shards, max(DEFAULT_OPEN_SHARDS, min(MAX_AUTO_OPEN_SHARDS, limit))))
 
 
 class ReaderSlot:

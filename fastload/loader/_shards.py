@@ -31,7 +31,7 @@ from fastload.formats import DAMAGED_SHARD_REMEDY, Format, OnError, get_format
 from fastload.formats._base import ErrorPolicy
 from fastload.formats.manifest import Manifest
 from fastload.loader._order import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW, ORDER_VERSION, EpochOrder
-from fastload.loader._readers import ReaderCache, ReaderSlot, close_quietly
+from fastload.loader._readers import ReaderCache, ReaderSlot, close_quietly, default_capacity
 from fastload.loader._seeds import RNG_SEED_KEY, check_seed
 from fastload.loader._select import ToTuple, Transform
 from fastload.storage import Store
@@ -131,7 +131,7 @@ class ShardedDataset:
         on_error: str = "raise",
         block_size: int | None = DEFAULT_BLOCK_SIZE,
         window: int = DEFAULT_WINDOW,
-        max_open_shards: int = 16,
+        max_open_shards: int | None = None,
         prefetch_shards: int = DEFAULT_PREFETCH_SHARDS,
     ) -> None:
         ErrorPolicy(on_error)  # validates
@@ -155,7 +155,8 @@ class ShardedDataset:
             for name, fn in transform.items():
                 if not callable(fn):
                     raise InvalidArgumentError(f"transform[{name!r}] is not callable: {fn!r}")
-        max_open_shards = check_int("max_open_shards", max_open_shards, minimum=1)
+        if max_open_shards is not None:
+            max_open_shards = check_int("max_open_shards", max_open_shards, minimum=1)
         prefetch_shards = check_int("prefetch_shards", prefetch_shards)
         self.store = store
         self.prefix = prefix.strip("/")
@@ -186,7 +187,7 @@ class ShardedDataset:
             np.cumsum(self.shard_sizes[:-1], out=self._starts[1:])
         self.num_samples = int(self.shard_sizes.sum())
         self._format: Format | None = None
-        self._readers = ReaderCache(max_open_shards)
+        self._readers = ReaderCache(self.reader_capacity)
         self._warned_sequential = False
 
     # ---- pickling ---------------------------------------------------------------------------
@@ -199,7 +200,7 @@ class ShardedDataset:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._readers = ReaderCache(self.max_open_shards)
+        self._readers = ReaderCache(self.reader_capacity)
 
     def replace(
         self,
@@ -237,6 +238,14 @@ class ShardedDataset:
     def url(self) -> str:
         """The dataset root URL (no credentials)."""
         return self.store.child_url(self.prefix) if self.prefix else self.store.url
+
+    @property
+    def reader_capacity(self) -> int:
+        """Shard readers each reading thread keeps open: ``max_open_shards``, or with ``None``
+        :func:`~fastload.loader._readers.default_capacity` for this dataset's store."""
+        if self.max_open_shards is not None:
+            return self.max_open_shards
+        return default_capacity(self.store, len(self.shard_keys))
 
     @property
     def num_shards(self) -> int:

@@ -306,7 +306,7 @@ class TokenBlocks:
         if self.mapped:
             entry = self._map_shard(shard) or _NOT_MAPPED
         state.shards[shard] = entry
-        if len(state.shards) > self.dataset.max_open_shards:
+        if len(state.shards) > self.dataset.reader_capacity:  # open_tokens sets it
             state.shards.popitem(last=False)  # the mapping goes with the last view of it
         return entry
 

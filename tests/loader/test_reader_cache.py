@@ -1,11 +1,15 @@
 """Reopening shards is cheap and bounded: an LMDB shard is opened and checked once per process,
-however many more shards an epoch reads than ``max_open_shards`` keeps open (issue 17, item 2)."""
+and a WebDataset or TFRecord index parsed once per process and kept compact within a budget,
+however many more shards an epoch reads than ``max_open_shards`` keeps open (issue 17, item 2); a
+changed file is opened or parsed again, and damage is still found after a reopen."""
 
 from __future__ import annotations
 
 import os
+import resource
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,18 +17,23 @@ import pytest
 
 import fastload as fl
 from fastload.errors import CorruptDataError
+from fastload.formats import ShardReader, _index_cache
 from fastload.formats.lmdb import _envs
 from fastload.formats.lmdb._reader import LMDBReader
-from fastload.storage import LocalStore
+from fastload.formats.tfrecord._reader import TFRecordReader
+from fastload.formats.webdataset.reader import WebDatasetReader
+from fastload.loader._readers import DEFAULT_OPEN_SHARDS, default_capacity
+from fastload.storage import CachingStore, LocalStore
 
 SHARDS = 24
 PER_SHARD = 8
 
 
-def _age(root: Path) -> None:
-    """Date the shards an hour back, so that their environments may be kept (``STABLE_AGE_NS``)."""
+def _age(root: Path, pattern: str = "*.lmdb") -> None:
+    """Date the shards (and indexes) an hour back, so that their environments or parses may be
+    kept (``STABLE_AGE_NS``)."""
     old = time.time() - 3600
-    for path in root.glob("*.lmdb"):
+    for path in root.glob(pattern):
         os.utime(path, (old, old))
 
 
@@ -61,26 +70,43 @@ def dataset_root(fake: SimpleNamespace, tmp_path: Path) -> Path:
     return root
 
 
+@contextmanager
+def _counting(cls: type[ShardReader]) -> Iterator[list[int]]:
+    """Count the readers of ``cls`` made in the block (the one-element list's value)."""
+    made = cls.__init__
+    count = [0]
+
+    def counted(self: ShardReader, *args: object, **kwargs: object) -> None:
+        count[0] += 1
+        made(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cls, "__init__", counted)
+        yield count
+
+
+def _two_epochs(root: Path, cls: type[ShardReader], max_open_shards: int | None = 2) -> int:
+    """Two shuffled epochs through an LRU of ``max_open_shards`` readers (default 2), each
+    delivering every sample once; how many readers of ``cls`` were made."""
+    ds = fl.open_dataset(
+        str(root), fields=("__key__",), block_size=2, max_open_shards=max_open_shards
+    )
+    with _counting(cls) as readers:
+        for epoch in range(2):
+            loader = fl.DataLoader(ds, batch_size=4)
+            loader.set_epoch(epoch)
+            keys = [k for batch in loader for k in batch[0]]
+            assert len(keys) == len(set(keys)) == SHARDS * PER_SHARD
+    ds.close()
+    return readers[0]
+
+
 @pytest.mark.timeout(120)
 def test_epoch_opens_each_shard_once_per_process(dataset_root: Path, closed_envs: None) -> None:
     """The shuffle reads from all 24 shards in every few batches, through an LRU of 2 readers:
     every reader is closed and made again many times, each file is opened and checked once."""
-    ds = fl.open_dataset(str(dataset_root), fields=("__key__",), block_size=2, max_open_shards=2)
-    made = LMDBReader.__init__
-    readers = 0
-
-    def counted(self: LMDBReader, *args: object, **kwargs: object) -> None:
-        nonlocal readers
-        readers += 1
-        made(self, *args, **kwargs)  # type: ignore[arg-type]
-
     before = _envs.open_count()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(LMDBReader, "__init__", counted)
-        for epoch in range(2):
-            loader = fl.DataLoader(ds, batch_size=4)
-            loader.set_epoch(epoch)
-            assert sum(len(b[0]) for b in loader) == SHARDS * PER_SHARD
+    readers = _two_epochs(dataset_root, LMDBReader)
     assert readers > 2 * SHARDS  # the LRU did close and remake readers
     assert _envs.open_count() - before == SHARDS
 
@@ -168,3 +194,128 @@ def test_removed_file_is_not_held(dataset_root: Path, closed_envs: None, tmp_pat
     gone.unlink()
     assert len(LMDBReader(store, "train-000002.lmdb")) == PER_SHARD
     assert all(entry.path != str(gone) for entry in _envs._TABLE.values())
+
+
+FORMATS = ("webdataset", "tfrecord")
+READERS = {"webdataset": WebDatasetReader, "tfrecord": TFRecordReader}
+EXT = {"webdataset": "tar", "tfrecord": "tfrecord"}
+
+
+@pytest.fixture
+def empty_cache() -> Iterator[None]:
+    _index_cache.clear()
+    yield
+    _index_cache.clear()
+
+
+@pytest.fixture(params=FORMATS)
+def fmt(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def indexed_root(fake: SimpleNamespace, tmp_path: Path, fmt: str) -> Path:
+    root = tmp_path / "ds"
+    fake.build_format_dataset(str(root), [PER_SHARD] * SHARDS, fmt)
+    _age(root, "*")
+    return root
+
+
+def _shard(root: Path, fmt: str, s: int) -> Path:
+    return root / f"train-{s:06d}.{EXT[fmt]}"
+
+
+@pytest.mark.timeout(120)
+def test_epoch_parses_each_index_once_per_process(
+    indexed_root: Path, fmt: str, empty_cache: None
+) -> None:
+    before = _index_cache.parse_count()
+    assert _two_epochs(indexed_root, READERS[fmt]) > 2 * SHARDS
+    assert _index_cache.parse_count() - before == SHARDS
+
+
+@pytest.mark.timeout(60)
+def test_budget_holds_and_trimmed_indexes_are_parsed_again(
+    indexed_root: Path, fmt: str, empty_cache: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = LocalStore(str(indexed_root))
+    monkeypatch.setattr(_index_cache, "budget", _index_cache.IndexBudget(entries=3, nbytes=1 << 30))
+    before = _index_cache.parse_count()
+    for _ in range(2):
+        for s in range(6):
+            reader = READERS[fmt](store, _shard(indexed_root, fmt, s).name)
+            assert len(reader) == PER_SHARD
+            assert len(_index_cache._TABLE) <= 3
+            reader.close()
+    assert _index_cache.parse_count() - before == 12  # LRU of 3 over a cycle of 6: all missed
+    one = _index_cache.held_bytes() // 3
+    monkeypatch.setattr(_index_cache, "budget", _index_cache.IndexBudget(100, 2 * one))
+    reader = READERS[fmt](store, _shard(indexed_root, fmt, 7).name)
+    assert len(reader) == PER_SHARD
+    assert 0 < _index_cache.held_bytes() <= 2 * one
+
+
+@pytest.mark.timeout(60)
+def test_changed_index_is_parsed_again_and_damage_found(
+    indexed_root: Path, fmt: str, empty_cache: None
+) -> None:
+    """A parse is reused only while both files are unchanged: a damaged index written after it
+    (same size, newer time) is parsed again and refused."""
+    store = LocalStore(str(indexed_root))
+    shard = _shard(indexed_root, fmt, 3)
+    index = Path(f"{shard}.idx")
+    assert READERS[fmt](store, shard.name).read(0)["__key__"]
+    before = _index_cache.parse_count()
+    assert READERS[fmt](store, shard.name).read(1)["__key__"]
+    assert _index_cache.parse_count() == before  # taken over
+    data = bytearray(index.read_bytes())
+    data[0:1] = b"X"  # "v1.2 ..." / "0 <size>": same size, no longer an index
+    stat = index.stat()
+    index.write_bytes(bytes(data))
+    os.utime(index, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    for _ in range(2):  # a failed parse is not kept either
+        with pytest.raises(CorruptDataError, match="index"):
+            READERS[fmt](store, shard.name).read(0)
+    assert _index_cache.parse_count() == before + 2
+
+
+@pytest.mark.timeout(60)
+def test_recently_written_files_are_parsed_again(
+    indexed_root: Path, fmt: str, empty_cache: None
+) -> None:
+    """A file modified less than ``STABLE_AGE_NS`` before the parse could change again without
+    its time moving: its parse is not kept."""
+    store = LocalStore(str(indexed_root))
+    shard = _shard(indexed_root, fmt, 5)
+    os.utime(shard)  # just now
+    before = _index_cache.parse_count()
+    for _ in range(2):
+        assert len(READERS[fmt](store, shard.name)) == PER_SHARD
+    assert _index_cache.parse_count() - before == 2
+
+
+@pytest.mark.timeout(120)
+def test_default_keeps_every_local_shard_open(
+    indexed_root: Path, fmt: str, empty_cache: None
+) -> None:
+    """With ``max_open_shards=None`` (default) a local dataset's readers all stay open: each
+    shard's reader is made once per process over two epochs, never reopened."""
+    assert _two_epochs(indexed_root, READERS[fmt], max_open_shards=None) == SHARDS
+
+
+def test_default_capacity_is_bounded_by_the_descriptor_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local = LocalStore(str(tmp_path))
+    cached = CachingStore(LocalStore(str(tmp_path / "remote")), str(tmp_path / "cache"))
+    limits = {"soft": 20_000}
+    monkeypatch.setattr(resource, "getrlimit", lambda _which: (limits["soft"], 1 << 20))
+    assert default_capacity(local, 1000) == 1000  # every shard
+    assert default_capacity(local, 10**6) == 2500  # an eighth of the limit
+    assert default_capacity(cached, 1000) == DEFAULT_OPEN_SHARDS
+    limits["soft"] = 1024
+    assert default_capacity(local, 1000) == 128
+    limits["soft"] = 64
+    assert default_capacity(local, 1000) == DEFAULT_OPEN_SHARDS  # never below 16
+    limits["soft"] = resource.RLIM_INFINITY
+    assert default_capacity(local, 10**6) == 4096

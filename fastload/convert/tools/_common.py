@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from fastload.formats._mmap import local_file
 from fastload.storage import Store, open_store
 
 __all__ = ["Grouping", "Progress", "count_fields", "open_dataset_store", "sha256_of"]
@@ -27,7 +28,16 @@ def open_dataset_store(
 
 
 def sha256_of(store: Store, key: str) -> tuple[str, int]:
-    """The hex SHA-256 and the size of object ``key``, read in 8 MiB blocks."""
+    """The hex SHA-256 and the size of object ``key``: a local file of up to 8 MiB in one read,
+    a larger one through :func:`hashlib.file_digest`, other objects in 8 MiB blocks."""
+    path = local_file(store, key)
+    if path is not None:
+        with open(path, "rb", buffering=0) as file:
+            if os.fstat(file.fileno()).st_size <= _CHUNK:  # small: one read, one buffer
+                data = file.readall()
+                return hashlib.sha256(data).hexdigest(), len(data)
+            digest = hashlib.file_digest(file, "sha256")
+            return digest.hexdigest(), file.tell()
     sha = hashlib.sha256()
     n = 0
     with store.open_reader(key) as f:

@@ -10,7 +10,7 @@ order.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from fastload.convert.tools._common import count_fields, sha256_of
@@ -81,16 +81,22 @@ def check_shard(store: Store, fmt: Format, entry: ShardEntry, check_index: bool)
             f"{where}: SHA-256 is {sha}, the manifest says {entry.sha256} (the shard's "
             f"bytes changed); {_REMEDY}"
         )
-    _read_back(store, fmt, entry, check)
+    rebuilt = _read_back(store, fmt, entry, check)
     if check_index:
-        _check_index(store, fmt, entry, check)
+        _check_index(store, fmt, entry, check, rebuilt)
     return check
 
 
-def _read_back(store: Store, fmt: Format, entry: ShardEntry, check: ShardCheck) -> None:
-    """Read every sample of the shard, noting keys and fields, and the problems met."""
+def _read_back(
+    store: Store, fmt: Format, entry: ShardEntry, check: ShardCheck
+) -> Callable[[], bytes | None]:
+    """Read every sample of the shard, noting keys and fields, and the problems met; return what
+    rebuilds its index (from the same pass where the reader can: see
+    :meth:`~fastload.formats.ShardReader.iter_and_index`)."""
     where = store.child_url(entry.name)
     reader: ShardReader | None = None
+    build = fmt.build_index or (lambda _store, _key: None)
+    rebuilt: Callable[[], bytes | None] = lambda: build(store, entry.name)  # noqa: E731
     try:
         reader = fmt.reader(
             store,
@@ -99,7 +105,8 @@ def _read_back(store: Store, fmt: Format, entry: ShardEntry, check: ShardCheck) 
             num_samples=entry.num_samples,
             num_bytes=entry.num_bytes,
         )
-        for sample in reader:
+        samples, rebuilt = reader.iter_and_index(build)
+        for sample in samples:
             key = sample.get("__key__")
             check.keys.append(key if isinstance(key, str) else None)
             check.field_sets[tuple(sorted(k for k in sample if not k.startswith("__")))] += 1
@@ -126,6 +133,7 @@ def _read_back(store: Store, fmt: Format, entry: ShardEntry, check: ShardCheck) 
     finally:
         if reader is not None:
             reader.close()
+    return rebuilt
 
 
 def _first_difference(a: bytes, b: bytes) -> int:
@@ -135,7 +143,13 @@ def _first_difference(a: bytes, b: bytes) -> int:
     return min(len(a), len(b))
 
 
-def _check_index(store: Store, fmt: Format, entry: ShardEntry, check: ShardCheck) -> None:
+def _check_index(
+    store: Store,
+    fmt: Format,
+    entry: ShardEntry,
+    check: ShardCheck,
+    rebuild: Callable[[], bytes | None],
+) -> None:
     where = store.child_url(entry.name)
     if fmt.build_index is None:
         if entry.index:
@@ -154,7 +168,7 @@ def _check_index(store: Store, fmt: Format, entry: ShardEntry, check: ShardCheck
         )
         return
     try:
-        expected = fmt.build_index(store, entry.name)
+        expected = rebuild()
     except Exception as exc:  # a damaged shard (reported above) cannot be indexed
         check.problems.append(f"{where}: cannot rebuild its index to compare: {exc}")
         return

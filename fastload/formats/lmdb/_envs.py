@@ -38,6 +38,8 @@ from typing import Any
 
 import lmdb
 
+from fastload.formats._index_cache import STABLE_AGE_NS
+
 __all__ = [
     "STABLE_AGE_NS",
     "EnvBudget",
@@ -48,10 +50,6 @@ __all__ = [
     "open_env",
     "release",
 ]
-
-#: How much older than its opening a file's modification time must be for an idle environment
-#: of it to be taken over without checking the file again (see module doc).
-STABLE_AGE_NS = 2_000_000_000
 
 
 @dataclass(frozen=True)

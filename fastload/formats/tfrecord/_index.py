@@ -3,29 +3,78 @@
 from __future__ import annotations
 
 import io
-from array import array
+
+import numpy as np
+import numpy.typing as npt
 
 from fastload.errors import CorruptDataError, FormatError
 from fastload.formats.tfrecord._compression import detect_compression
 from fastload.formats.tfrecord._framing import HEADER, HEADER_SIZE, masked_crc
 from fastload.storage import ByteRange, Store
 
-__all__ = ["RecordIndex", "build_index", "parse_index", "scan_index"]
+__all__ = ["RecordIndex", "build_index", "parse_index", "parse_local_index", "scan_index"]
+
+_FIX = "; the index is damaged or stale: rebuild it with `fastload index`"
 
 
 class RecordIndex:
-    """Byte ranges of a shard's records, from its index file.
+    """Byte ranges of a shard's records, which follow each other without gaps from byte 0.
 
-    Attributes:
-        offsets: Byte offset of each record's length field.
-        sizes: Whole framed size of each record (``16 + payload length``).
+    Held as one NumPy array of ``n + 1`` record boundaries (8 bytes a record); immutable, so one
+    instance may be shared by any number of readers and threads.
+
+    Args:
+        bounds: ``n + 1`` increasing byte offsets: record ``i`` is ``[bounds[i], bounds[i + 1])``,
+            its length field first (so its whole framed size is ``16 + payload length``).
     """
 
-    def __init__(self, offsets: array[int], sizes: array[int]) -> None:
-        self.offsets, self.sizes = offsets, sizes
+    def __init__(self, bounds: npt.NDArray[np.int64]) -> None:
+        self._bounds = bounds
 
     def __len__(self) -> int:
-        return len(self.offsets)
+        return len(self._bounds) - 1
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held."""
+        return int(self._bounds.nbytes)
+
+    @property
+    def offsets(self) -> npt.NDArray[np.int64]:
+        """Each record's offset (of its length field)."""
+        return self._bounds[:-1]
+
+    @property
+    def sizes(self) -> npt.NDArray[np.int64]:
+        """Each record's whole framed size (``16 + payload length``)."""
+        return np.diff(self._bounds)
+
+    @property
+    def end(self) -> int:
+        """Where the last record ends (0 without records)."""
+        return int(self._bounds[-1])
+
+    def record(self, i: int) -> tuple[int, int]:
+        """``(offset, size)`` of record ``i`` (``0 <= i < len(self)``)."""
+        offset, end = self._bounds[i : i + 2].tolist()
+        return offset, end - offset
+
+    def truncated(self, n: int) -> RecordIndex:
+        """The first ``n`` records."""
+        return self if n >= len(self) else RecordIndex(self._bounds[: n + 1])
+
+    def check_bound(self, shard_size: int, url: str) -> None:
+        """Raise unless the records end exactly where a shard of ``shard_size`` bytes does.
+
+        Raises:
+            CorruptDataError: Names both sizes.
+        """
+        if self.end != shard_size:
+            raise CorruptDataError(
+                f"TFRecord index covers bytes [0, {self.end}) but the shard is {shard_size} bytes "
+                f"long{_FIX}",
+                url=url,
+            )
 
 
 def parse_index(text: bytes, *, url: str, shard_size: int | None = None) -> RecordIndex:
@@ -45,36 +94,50 @@ def parse_index(text: bytes, *, url: str, shard_size: int | None = None) -> Reco
             below 16, records do not follow each other from byte 0, or they do not end where
             the shard does.
     """
-    fix = "; the index is damaged or stale: rebuild it with `fastload index`"
     tokens = text.split()
     if len(tokens) % 2:
         raise CorruptDataError(
-            f"TFRecord index has an odd number of values; expected '<offset> <size>' per line{fix}",
+            f"TFRecord index has an odd number of values; expected '<offset> <size>' per line{_FIX}",
             url=url,
         )
     try:
-        numbers = array("q", map(int, tokens))
+        numbers = np.fromiter(map(int, tokens), np.int64, len(tokens)).reshape(-1, 2)
     except (ValueError, OverflowError) as exc:
         raise CorruptDataError(
-            f"TFRecord index holds a value that is not an integer ({exc}){fix}", url=url
+            f"TFRecord index holds a value that is not an integer ({exc}){_FIX}", url=url
         ) from exc
-    offsets, sizes = numbers[0::2], numbers[1::2]
-    end = 0
-    for i, (offset, size) in enumerate(zip(offsets, sizes)):
-        if size < 16 or offset != end:
-            raise CorruptDataError(
-                f"TFRecord index line {i + 1} ('{offset} {size}') is impossible: records are at "
-                f"least 16 bytes and follow each other without gaps, so this one should start at "
-                f"byte {end}{fix}",
-                url=url,
-            )
-        end = offset + size
-    if shard_size is not None and end != shard_size:
+    offsets, sizes = numbers[:, 0], numbers[:, 1]
+    bounds = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=bounds[1:])
+    bad = np.flatnonzero((sizes < 16) | (offsets < 0) | (offsets != bounds[:-1]))
+    if len(bad):
+        i = int(bad[0])
         raise CorruptDataError(
-            f"TFRecord index covers bytes [0, {end}) but the shard is {shard_size} bytes long{fix}",
+            f"TFRecord index line {i + 1} ('{offsets[i]} {sizes[i]}') is impossible: records are "
+            f"at least 16 bytes and follow each other without gaps, so this one should start at "
+            f"byte {bounds[i]}{_FIX}",
             url=url,
         )
-    return RecordIndex(offsets, sizes)
+    index = RecordIndex(bounds)
+    if shard_size is not None:
+        index.check_bound(shard_size, url)
+    return index
+
+
+def parse_local_index(text: bytes, size: int, *, url: str, shard: str) -> RecordIndex:
+    """The index of the uncompressed local shard file ``shard`` of ``size`` bytes, whose records
+    it must cover exactly (what :func:`~fastload.formats._index_cache.cached` keeps).
+
+    Raises:
+        CorruptDataError: The index is damaged, or does not end where the shard does, or the
+            shard is compressed (no index applies).
+        OSError: ``shard`` cannot be read.
+    """
+    with open(shard, "rb") as f:
+        compression = detect_compression(f.read(HEADER_SIZE + 64))[1]
+    if compression is not None:
+        raise CorruptDataError(f"{compression}-compressed: no index applies", url=url)
+    return parse_index(text, url=url, shard_size=size)
 
 
 def scan_index(store: Store, key: str) -> tuple[RecordIndex, CorruptDataError | None]:
@@ -85,7 +148,7 @@ def scan_index(store: Store, key: str) -> tuple[RecordIndex, CorruptDataError | 
     """
     url = store.child_url(key)
     size = store.size(key)
-    offsets, sizes = array("q"), array("q")
+    bounds = [0]
     offset = 0
     damage: CorruptDataError | None = None
     with store.open_reader(key) as f:
@@ -116,11 +179,10 @@ def scan_index(store: Store, key: str) -> tuple[RecordIndex, CorruptDataError | 
                     offset=offset,
                 )
                 break
-            offsets.append(offset)
-            sizes.append(record)
             offset += record
+            bounds.append(offset)
             f.seek(offset, io.SEEK_SET)
-    return RecordIndex(offsets, sizes), damage
+    return RecordIndex(np.array(bounds, dtype=np.int64)), damage
 
 
 def build_index(store: Store, key: str) -> bytes:
@@ -145,4 +207,5 @@ def build_index(store: Store, key: str) -> bytes:
     index, damage = scan_index(store, key)
     if damage is not None:
         raise damage
-    return "".join(f"{o} {n}\n" for o, n in zip(index.offsets, index.sizes)).encode("ascii")
+    lines = (index.record(i) for i in range(len(index)))
+    return "".join(f"{offset} {size}\n" for offset, size in lines).encode("ascii")

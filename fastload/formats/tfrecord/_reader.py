@@ -6,9 +6,11 @@ import io
 import mmap
 import posixpath
 from collections.abc import Iterator
+from functools import partial
 from typing import Any, Unpack
 
 from fastload.errors import CorruptDataError, FormatError, MissingIndexError, ObjectNotFoundError
+from fastload.formats import _index_cache
 from fastload.formats._base import ReaderOptions, ShardReader
 from fastload.formats._mmap import local_file, map_file
 from fastload.formats.tfrecord._compression import (
@@ -19,7 +21,12 @@ from fastload.formats.tfrecord._compression import (
 from fastload.formats.tfrecord._decode import FAST_PATH_MISSES, Buffer, decode_fast
 from fastload.formats.tfrecord._example import ProtoError
 from fastload.formats.tfrecord._framing import HEADER, HEADER_SIZE, U32LE, crc32c, mask, masked_crc
-from fastload.formats.tfrecord._index import RecordIndex, parse_index, scan_index
+from fastload.formats.tfrecord._index import (
+    RecordIndex,
+    parse_index,
+    parse_local_index,
+    scan_index,
+)
 from fastload.formats.tfrecord._record import BadChecksum, RecordErrors, decode_record, read_exact
 from fastload.storage import ByteRange, Store
 
@@ -279,47 +286,71 @@ class TFRecordReader(ShardReader):
     def _load_index(self) -> RecordIndex:
         if not self._index_loaded:
             index_key = self.index_key if self.index_key is not None else self.key + ".idx"
-            try:
-                text: bytes | None = self.store.get(index_key)
-            except ObjectNotFoundError:
-                text = None
-            size = self.store.size(self.key)
-            compression = detect_compression(
-                self.store.get(self.key, ByteRange(0, min(size, 512)))
-            )[1]
-            if compression is not None:
-                self._no_access = (
-                    f"{self.url} is {compression}-compressed: records have no byte offsets, so "
-                    "there is no len() or read(i) (an index does not apply); stream it by "
-                    "iterating, or decompress it / rewrite it with fastload"
-                )
-            elif text is None:
-                self._no_access = (
-                    f"{type(self).__name__} needs the index {index_key} for len() and read(i), "
-                    "and it does not exist; build it with `fastload index` (or stream the shard "
-                    "by iterating)"
-                )
+            iurl = self.store.child_url(index_key)
+            shard_path = local_file(self.store, self.key)
+            index_path = local_file(self.store, index_key)
+            found: tuple[RecordIndex, _index_cache.FileStamp] | None = None
+            if shard_path is not None and index_path is not None:  # parsed once per process
+                parse = partial(parse_local_index, url=iurl, shard=shard_path)
+                try:
+                    found = _index_cache.cached("tfrecord", shard_path, index_path, parse)
+                except (CorruptDataError, OSError):
+                    found = None  # compressed, damaged, or gone: the checks below say which
+            if found is not None:
+                self._size = found[1].size
+                self._index = self._checked(found[0], iurl, self._size)
             else:
-                self._size = size
-                self._index = self._checked_index(text, self.store.child_url(index_key), size)
+                self._index = self._fetch_index(index_key, iurl)
             self._index_loaded = True
         if self._index is None:
             raise MissingIndexError(self._no_access, url=self.url)
         return self._index
 
-    def _checked_index(self, text: bytes, iurl: str, size: int) -> RecordIndex:
-        """Parse the index and check it against the shard and the manifest; under ``skip`` and
+    def _fetch_index(self, index_key: str, iurl: str) -> RecordIndex | None:
+        """The index read through the store (not cached); ``None`` (and :attr:`_no_access` says
+        why) when there is none or the shard is compressed."""
+        try:
+            text: bytes | None = self.store.get(index_key)
+        except ObjectNotFoundError:
+            text = None
+        size = self.store.size(self.key)
+        compression = detect_compression(self.store.get(self.key, ByteRange(0, min(size, 512))))[1]
+        if compression is not None:
+            self._no_access = (
+                f"{self.url} is {compression}-compressed: records have no byte offsets, so "
+                "there is no len() or read(i) (an index does not apply); stream it by "
+                "iterating, or decompress it / rewrite it with fastload"
+            )
+            return None
+        if text is None:
+            self._no_access = (
+                f"{type(self).__name__} needs the index {index_key} for len() and read(i), "
+                "and it does not exist; build it with `fastload index` (or stream the shard "
+                "by iterating)"
+            )
+            return None
+        self._size = size
+        try:
+            index = parse_index(text, url=iurl)
+        except CorruptDataError as exc:
+            return self._damaged(exc)
+        return self._checked(index, iurl, size)
+
+    def _checked(self, index: RecordIndex, iurl: str, size: int) -> RecordIndex:
+        """``index`` checked against the shard's size and the manifest; under ``skip`` and
         ``warn`` a damaged index is replaced by one read from the shard's record headers."""
         try:
-            index = parse_index(text, url=iurl, shard_size=self.index_bound(size))
+            index.check_bound(self.index_bound(size), iurl)
             self.check_index_count(len(index), iurl)
         except CorruptDataError as exc:
-            self.index_damaged(exc, "record headers")
-            index, _damage = scan_index(self.store, self.key)
-            if self.expected_samples is not None and len(index) > self.expected_samples:
-                index = RecordIndex(
-                    index.offsets[: self.expected_samples], index.sizes[: self.expected_samples]
-                )
+            return self._damaged(exc)
+        return index
+
+    def _damaged(self, exc: CorruptDataError) -> RecordIndex:
+        self.index_damaged(exc, "record headers")
+        index, _damage = scan_index(self.store, self.key)
+        if self.expected_samples is not None:
+            index = index.truncated(self.expected_samples)
         return index
 
     @property
@@ -361,7 +392,7 @@ class TFRecordReader(ShardReader):
                 raise missing
             raise IndexError(f"record {i} out of range: {self.url} has {n} records")
         i %= n
-        offset, size = index.offsets[i], index.sizes[i]
+        offset, size = index.record(i)
         if offset + size > self._size:
             raise self.past_end(i, offset, offset + size, self._size)
         buf: Buffer
@@ -433,7 +464,7 @@ class TFRecordReader(ShardReader):
             return super().iter_from(start)
         if start >= len(index):
             return iter(())
-        return self._records(start, index.offsets[start])
+        return self._records(start, index.record(start)[0])
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -11,42 +11,31 @@ one line per sample, components in tar order. See this package's ``README.md`` f
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
 
 from fastload.errors import CorruptDataError, FormatError
-from fastload.formats.webdataset._scan import DIRECTORY, REGULAR, Bad, scan
-from fastload.formats.webdataset._source import open_shard
+from fastload.formats.webdataset._compact import Component, SampleIndex, parse_uniform
+from fastload.formats.webdataset._scan import DIRECTORY, REGULAR, Bad, Member, scan
+from fastload.formats.webdataset._source import open_shard, scan_shard
 from fastload.formats.webdataset._tar import BLOCK, split_member_name, unsafe_name_reason
 from fastload.formats.webdataset._view import ShardView
 from fastload.storage import Store
 
 __all__ = [
     "Component",
+    "SampleIndex",
     "build_index",
+    "components_of",
     "format_index",
     "has_index_whitespace",
+    "headers_index",
+    "load_index",
     "member_problem",
     "parse_index",
 ]
 
 INDEX_VERSION = "v1.2"
 _ASCII_WHITESPACE = frozenset(" \t\n\v\f\r")
-
-
-class Component(NamedTuple):
-    """One tar member of a sample, as an index line lists it.
-
-    Attributes:
-        ext: The field name (the member name after the basename's first dot).
-        offset: Byte offset of the member's data in the shard (a multiple of 512).
-        size: Data size in bytes.
-        name: The full member path; ``""`` when read from a ``v1.1`` index, which has no names.
-    """
-
-    ext: str
-    offset: int
-    size: int
-    name: str
+_FIX = "; the index is damaged or stale: rebuild it with `fastload index`"
 
 
 def has_index_whitespace(text: str) -> bool:
@@ -61,10 +50,9 @@ def format_index(samples: Iterable[Sequence[Component]]) -> bytes:
     return text.encode("utf-8", "surrogateescape")
 
 
-def parse_index(
-    data: bytes, *, url: str = "", shard_size: int | None = None
-) -> list[list[Component]]:
-    """Parse a ``v1.2`` (or ``v1.1``) WebDataset index and check that it can describe a shard.
+def load_index(data: bytes, *, url: str = "", shard_size: int | None = None) -> SampleIndex:
+    """Parse a ``v1.2`` (or ``v1.1``) WebDataset index into its compact form and check that it can
+    describe a shard.
 
     Besides the syntax, the index must be consistent with itself, so that reading by it delivers
     every sample of the shard once: components lie in increasing byte order without overlapping
@@ -72,6 +60,10 @@ def parse_index(
     lines, which name their members, the components of a line share one sample key, their fields
     differ, the field matches the name, and two consecutive lines have different keys (a reader
     would group them into one sample). A duplicated, reordered or spliced line fails here.
+
+    The common shape (single spaces, the same fields on every line) is parsed in vectorised
+    passes (~0.2 s for 100,000 samples of two fields, a quarter of the line-by-line parse); any
+    other index line by line under the same rules.
 
     Args:
         data: The index file's bytes.
@@ -83,30 +75,51 @@ def parse_index(
             disagrees with its lines, or it is inconsistent as above; the message names the
             line and says to rebuild it with ``fastload index``.
     """
-    fix = "; the index is damaged or stale: rebuild it with `fastload index`"
     if data and not data.endswith(b"\n"):  # cut inside its last line, which may still parse
         raise CorruptDataError(
-            f"WebDataset index does not end with a newline: it is truncated{fix}", url=url
+            f"WebDataset index does not end with a newline: it is truncated{_FIX}", url=url
         )
     lines = data.split(b"\n")
     while lines and not lines[-1].strip():
         lines.pop()
     if not lines:
-        raise CorruptDataError(f"WebDataset index is empty{fix}", url=url)
+        raise CorruptDataError(f"WebDataset index is empty{_FIX}", url=url)
     head = lines[0].split()
     if len(head) != 2 or head[0] not in (b"v1.1", b"v1.2") or not head[1].isdigit():
         raise CorruptDataError(
             f"WebDataset index header {lines[0][:40]!r} is not 'v1.2 <num_samples>' "
-            f"(or 'v1.1 <num_samples>'){fix}",
+            f"(or 'v1.1 <num_samples>'){_FIX}",
             url=url,
         )
     per = 4 if head[0] == b"v1.2" else 3
     count = int(head[1])
     if count != len(lines) - 1:
         raise CorruptDataError(
-            f"WebDataset index declares {count} samples but has {len(lines) - 1} sample lines{fix}",
+            f"WebDataset index declares {count} samples but has {len(lines) - 1} sample lines{_FIX}",
             url=url,
         )
+    index = parse_uniform(data, lines[1:]) if per == 4 else None
+    if index is None:
+        index = SampleIndex.from_samples(_parse_lines(lines, per, url))
+    if shard_size is not None:
+        index.check_bound(shard_size, url)
+    return index
+
+
+def parse_index(
+    data: bytes, *, url: str = "", shard_size: int | None = None
+) -> list[list[Component]]:
+    """:func:`load_index` as a list of samples, each a list of its :class:`Component` in shard
+    order (~250 bytes a sample; readers keep the compact form).
+
+    Raises:
+        CorruptDataError: As :func:`load_index`.
+    """
+    return load_index(data, url=url, shard_size=shard_size).samples()
+
+
+def _parse_lines(lines: list[bytes], per: int, url: str) -> list[list[Component]]:
+    """The sample lines (``lines[1:]``) parsed one by one (:func:`load_index`'s rules)."""
     out: list[list[Component]] = []
     end = 0  # where the previous member's data ends, padded to a block
     previous_key: str | None = None
@@ -115,7 +128,7 @@ def parse_index(
         if not tokens or len(tokens) % per:
             raise CorruptDataError(
                 f"WebDataset index line {lineno} has {len(tokens)} fields, expected a multiple of "
-                f"{per} (<ext> <offset> <size>{' <name>' if per == 4 else ''}){fix}",
+                f"{per} (<ext> <offset> <size>{' <name>' if per == 4 else ''}){_FIX}",
                 url=url,
             )
         comps: list[Component] = []
@@ -129,21 +142,14 @@ def parse_index(
                 raise CorruptDataError(
                     f"WebDataset index line {lineno}: component {j // per} has offset "
                     f"{tokens[j + 1]!r:.40} and size {tokens[j + 2]!r:.40}; offsets are positive "
-                    f"multiples of 512 and sizes non-negative{fix}",
+                    f"multiples of 512 and sizes non-negative{_FIX}",
                     url=url,
                 )
             if offset - BLOCK < end:
                 raise CorruptDataError(
                     f"WebDataset index line {lineno}: component {j // per} at byte offset "
                     f"{offset} overlaps or precedes the member before it (which ends at byte "
-                    f"{end}); index lines must follow the shard's member order{fix}",
-                    url=url,
-                )
-            if shard_size is not None and offset + size > shard_size:
-                raise CorruptDataError(
-                    f"WebDataset index line {lineno} points at bytes [{offset}, {offset + size}) "
-                    f"but the shard is {shard_size} bytes long; the index belongs to another "
-                    f"version of the shard{fix}",
+                    f"{end}); index lines must follow the shard's member order{_FIX}",
                     url=url,
                 )
             end = offset + size + (-size % BLOCK)
@@ -163,7 +169,7 @@ def parse_index(
         if key is not None and key == previous_key:
             raise CorruptDataError(
                 f"WebDataset index lines {lineno - 1} and {lineno} both hold sample {key!r}; "
-                f"consecutive members of one sample belong on one line{fix}",
+                f"consecutive members of one sample belong on one line{_FIX}",
                 url=url,
             )
         previous_key = key
@@ -212,9 +218,15 @@ def index_components(shard: ShardView, url: str) -> list[list[Component]]:
         FormatError: A member is not a regular file, has an unsafe path, or has a name with
             whitespace, which the index format cannot represent.
     """
+    return components_of(scan(shard, url, want_data=False), url)
+
+
+def components_of(members: Iterable[Member | Bad], url: str) -> list[list[Component]]:
+    """The index samples of a tar's ``members`` (as :func:`scan` yields them, in order);
+    raises as :func:`index_components` does."""
     samples: list[list[Component]] = []
     last: str | None = None
-    for item in scan(shard, url, want_data=False):
+    for item in members:
         if isinstance(item, Bad):
             raise item.error
         name, kind, type_name, header_offset, data_offset, size, _ = item
@@ -274,3 +286,31 @@ def build_index(store: Store, key: str) -> bytes:
     with open_shard(store, key) as shard:
         samples = index_components(shard, url)
     return format_index(samples)
+
+
+def headers_index(store: Store, key: str, url: str, expected: int | None) -> SampleIndex:
+    """An index built from a shard's own headers, replacing a damaged index file (readers do so
+    under ``skip``/``warn``: the shard is intact, so its samples are kept).
+
+    The scan stops at the first damage in the shard itself (a reader then reports the samples
+    after it missing one by one); at most ``expected`` samples (the manifest's count) are kept.
+    """
+    samples: list[list[Component]] = []
+    last: str | None = None
+    with open_shard(store, key) as shard:
+        for item in scan_shard(shard, url, want_data=False):
+            if isinstance(item, Bad):
+                break
+            name, kind, _, _, data_offset, size, _ = item
+            split = split_member_name(name) if kind == REGULAR else None
+            if split is None:
+                continue
+            comp = Component(split[1], data_offset, size, name)
+            if split[0] != last:
+                samples.append([comp])
+                last = split[0]
+            else:
+                samples[-1].append(comp)
+    if expected is not None and len(samples) > expected:
+        del samples[expected:]
+    return SampleIndex.from_samples(samples)

@@ -3,18 +3,32 @@
 from __future__ import annotations
 
 import mmap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Unpack
 
 from fastload.errors import CorruptDataError, FormatError, MissingIndexError, ObjectNotFoundError
+from fastload.formats import _index_cache
 from fastload.formats._base import DAMAGED_SHARD_REMEDY, ReaderOptions, ShardReader
 from fastload.formats._mmap import local_file, map_file
-from fastload.formats.webdataset._compressed import HEAD_BYTES, compressed_name, compression_of
+from fastload.formats.webdataset._compressed import (
+    HEAD_BYTES,
+    InflatedView,
+    compressed_name,
+    compression_of,
+)
 from fastload.formats.webdataset._scan import DIRECTORY, REGULAR, Bad, Member
 from fastload.formats.webdataset._source import open_shard, scan_shard
 from fastload.formats.webdataset._tar import BLOCK, checksum_ok, parse_octal, split_member_name
 from fastload.formats.webdataset._view import ShardView
-from fastload.formats.webdataset.index import Component, member_problem, parse_index
+from fastload.formats.webdataset.index import (
+    Component,
+    SampleIndex,
+    components_of,
+    format_index,
+    headers_index,
+    load_index,
+    member_problem,
+)
 from fastload.storage import ByteRange, Store
 
 __all__ = ["WebDatasetReader"]
@@ -64,12 +78,12 @@ class WebDatasetReader(ShardReader):
 
     def __init__(self, store: Store, key: str, **options: Unpack[ReaderOptions]) -> None:
         super().__init__(store, key, **options)
-        self._index: list[list[Component]] | None = None
+        self._index: SampleIndex | None = None
         self._index_loaded = False
         self._map: ShardView | None = None  # this process's map of a local shard, for read()
         self._map_tried = False
         self._size = -1  # the shard's size when the index was loaded
-        self._names_checked = True  # parse_index checked the member names of the index
+        self._names_checked = True  # load_index checked the member names of the index
 
     def __getstate__(self) -> dict[str, Any]:
         # Workers reload the index and map the shard lazily instead of receiving copies.
@@ -87,7 +101,7 @@ class WebDatasetReader(ShardReader):
 
     # ---- index --------------------------------------------------------------------------------
 
-    def _load_index(self) -> list[list[Component]] | None:
+    def _load_index(self) -> SampleIndex | None:
         if self._index_loaded:
             return self._index
         if compressed_name(self.key):  # offsets into a compressed tar mean nothing: no index
@@ -95,6 +109,29 @@ class WebDatasetReader(ShardReader):
             return None
         ikey = self.index_key if self.index_key is not None else self.key + ".idx"
         iurl = self.store.child_url(ikey)
+        shard_path, index_path = local_file(self.store, self.key), local_file(self.store, ikey)
+        index: SampleIndex | None
+        try:
+            if shard_path is not None and index_path is not None:  # parsed once per process
+                index, stamp = _index_cache.cached(
+                    "webdataset", shard_path, index_path, lambda data, _: load_index(data, url=iurl)
+                )
+                self._size = stamp.size
+                index.check_bound(self.index_bound(self._size), iurl)
+            else:
+                index = self._fetch_index(ikey, iurl)
+            if index is not None:
+                self.check_index_count(len(index), iurl)
+        except CorruptDataError as exc:
+            self.index_damaged(exc, "member headers")
+            self._size = self.store.size(self.key)
+            index = headers_index(self.store, self.key, self.url, self.expected_samples)
+            self._names_checked = False  # read() checks each sample's names as it reads it
+        self._index, self._index_loaded = index, True
+        return index
+
+    def _fetch_index(self, ikey: str, iurl: str) -> SampleIndex | None:
+        """The index read through the store (not cached), or ``None`` when there is none."""
         try:
             data = self.store.get(ikey)
         except ObjectNotFoundError:
@@ -104,45 +141,9 @@ class WebDatasetReader(ShardReader):
                     "`fastload index`, or pass index_key=None to read without one",
                     url=iurl,
                 ) from None
-            self._index, self._index_loaded = None, True
             return None
         self._size = size = self.store.size(self.key)
-        try:
-            index = parse_index(data, url=iurl, shard_size=self.index_bound(size))
-            self.check_index_count(len(index), iurl)
-        except CorruptDataError as exc:
-            self.index_damaged(exc, "member headers")
-            index = self._scan_index()
-            self._names_checked = False  # read() checks each sample's names as it reads it
-        self._index, self._index_loaded = index, True
-        return index
-
-    def _scan_index(self) -> list[list[Component]]:
-        """An index built from the shard's own headers, replacing a damaged index file.
-
-        Used under ``skip``/``warn``: the shard is intact, so its samples are kept. The scan stops
-        at the first damage in the shard itself (the samples after it are then reported missing
-        one by one by :meth:`read`).
-        """
-        samples: list[list[Component]] = []
-        last: str | None = None
-        with open_shard(self.store, self.key) as shard:
-            for item in scan_shard(shard, self.url, want_data=False):
-                if isinstance(item, Bad):
-                    break
-                name, kind, _, _, data_offset, size, _ = item
-                split = split_member_name(name) if kind == REGULAR else None
-                if split is None:
-                    continue
-                comp = Component(split[1], data_offset, size, name)
-                if split[0] != last:
-                    samples.append([comp])
-                    last = split[0]
-                else:
-                    samples[-1].append(comp)
-        if self.expected_samples is not None and len(samples) > self.expected_samples:
-            del samples[self.expected_samples :]
-        return samples
+        return load_index(data, url=iurl, shard_size=self.index_bound(size))
 
     def _compression(self) -> str | None:
         """The shard's compression from its first bytes (for messages; one small read)."""
@@ -158,7 +159,7 @@ class WebDatasetReader(ShardReader):
         """True when the shard has an index (looked up, and loaded, on first access)."""
         return self._load_index() is not None
 
-    def _require_index(self) -> list[list[Component]]:
+    def _require_index(self) -> SampleIndex:
         index = self._load_index()
         if index is None:
             codec = self._compression()
@@ -206,7 +207,7 @@ class WebDatasetReader(ShardReader):
             if missing is not None:
                 raise missing
             raise IndexError(f"sample {i} out of range: {self.url} has {len(index)} samples")
-        comps = index[i]
+        comps = index.components(i)
         last = comps[-1]
         if last.offset + last.size > self._size:
             raise self.past_end(i, comps[0].offset - BLOCK, last.offset + last.size, self._size)
@@ -232,7 +233,7 @@ class WebDatasetReader(ShardReader):
                     url=self.url,
                     offset=comp.offset,
                 )
-            if not comp.name or not self._names_checked:  # check what parse_index did not
+            if not comp.name or not self._names_checked:  # check what load_index did not
                 problem = member_problem(name, comp.ext)
                 if problem is None and key is not None and split[0] != key:
                     problem = f"belongs to sample {split[0]!r}, not {key!r}"
@@ -266,19 +267,7 @@ class WebDatasetReader(ShardReader):
             KeyError: A sample has no such member (names the sample and the index line).
         """
         index = self._load_index()
-        if index is None:
-            return None
-        out = []
-        for i, comps in enumerate(index):
-            for comp in comps:
-                if comp.ext == field:
-                    out.append((comp.offset, comp.size))
-                    break
-            else:
-                raise KeyError(
-                    f"sample {i} (index line {i + 2}) of {self.url} has no field {field!r}"
-                )
-        return out
+        return None if index is None else index.field_locations(field, self.url)
 
     def _local_map(self) -> ShardView | None:
         """The shard mapped into memory when it is a local file (kept until :meth:`close`)."""
@@ -346,6 +335,32 @@ class WebDatasetReader(ShardReader):
         """Yield the shard's samples in order, streaming."""
         return self._stream(0, 0)
 
+    def iter_and_index(
+        self, build_index: Callable[[Store, str], bytes | None]
+    ) -> tuple[Iterator[dict[str, Any]], Callable[[], bytes | None]]:
+        """:meth:`ShardReader.iter_and_index`; indexes a whole, undamaged, uncompressed pass."""
+        seen: list[Member | Bad] = []
+        done = [False]
+
+        def tee(members: Iterator[Member | Bad]) -> Iterator[Member | Bad]:
+            for item in members:
+                seen.append(item if isinstance(item, Bad) else (*item[:6], None))
+                yield item
+
+        def samples() -> Iterator[dict[str, Any]]:
+            with open_shard(self.store, self.key, inflate=True) as shard:
+                plain = not isinstance(shard, InflatedView)  # else build_index refuses it
+                members = scan_shard(shard, self.url)
+                yield from self._samples(tee(members) if plain else members, 0)
+                done[0] = plain
+
+        def index() -> bytes | None:
+            if done[0] and not self.skipped:
+                return format_index(components_of(seen, self.url))
+            return build_index(self.store, self.key)
+
+        return samples(), index
+
     def iter_from(self, start: int) -> Iterator[dict[str, Any]]:
         """Yield samples from position ``start`` on; with an index, seeks straight there."""
         if start <= 0:
@@ -355,7 +370,7 @@ class WebDatasetReader(ShardReader):
             return super().iter_from(start)
         if start >= len(index):
             return iter(())
-        last = index[start - 1][-1]
+        last = index.components(start - 1)[-1]
         return self._stream(last.offset + last.size + (-last.size % BLOCK), start)
 
     def _stream(self, offset: int, first: int) -> Iterator[dict[str, Any]]:
