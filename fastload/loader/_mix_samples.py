@@ -181,7 +181,8 @@ class MixedDataset(MixIdentity, Dataset):
         same_store = all(s.store is self.store for s in sources)
         # The lookahead prefetches through ``self.store``: only when every source reads from it.
         self.prefetch_shards = min(s.prefetch_shards for s in sources) if same_store else 0
-        self.max_open_shards = max(s.max_open_shards for s in sources)
+        # One reader LRU serves every source: room for what each would keep open on its own.
+        self.max_open_shards = sum(s.reader_capacity for s in sources)
 
     def __getstate__(self) -> dict[str, Any]:
         return self.__dict__.copy()
