@@ -291,46 +291,11 @@ def test_webdataset_library_reads_a_token_shard(tmp_path: Path) -> None:
 def test_inspect_and_verify_a_token_dataset(tmp_path: Path) -> None:
     write_jsonl(tmp_path / "src" / "a.jsonl", documents(60))
     dst = tmp_path / "dst"
-    subprocess.run(
-        [
-            *CLI,
-            "convert",
-            str(tmp_path / "src"),
-            str(dst),
-            "--tokenize",
-            "byte",
-            "--text-field",
-            "body",
-            "--block-tokens",
-            "300",
-            "--shard-samples",
-            "20",
-            "-q",
-        ],
-        check=True,
-        timeout=120,
-    )
+    argv = [*CLI, "convert", str(tmp_path / "src"), str(dst), "--tokenize", "byte"]
+    argv += ["--text-field", "body", "--block-tokens", "300", "--shard-samples", "20"]
+    subprocess.run([*argv, "-q"], check=True, timeout=120)
     layout = read_tokens(dst)[0]
-    again = subprocess.run(
-        [
-            *CLI,
-            "convert",
-            str(tmp_path / "src"),
-            str(dst),
-            "--tokenize",
-            "byte",
-            "--text-field",
-            "body",
-            "--block-tokens",
-            "300",
-            "--shard-samples",
-            "20",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    ).stderr
+    again = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=120).stderr
     assert f"(source jsonl, no class list) holding {layout.num_tokens} tokens of 59 docu" in again
     shown = subprocess.run(
         [*CLI, "inspect", str(dst)], capture_output=True, text=True, check=True, timeout=60
