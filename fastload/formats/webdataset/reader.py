@@ -112,10 +112,16 @@ class WebDatasetReader(ShardReader):
         shard_path, index_path = local_file(self.store, self.key), local_file(self.store, ikey)
         index: SampleIndex | None
         try:
+            found = None
             if shard_path is not None and index_path is not None:  # parsed once per process
-                index, stamp = _index_cache.cached(
-                    "webdataset", shard_path, index_path, lambda data, _: load_index(data, url=iurl)
-                )
+                try:
+                    found = _index_cache.cached(
+                        "webdataset", shard_path, index_path, lambda d, _: load_index(d, url=iurl)
+                    )
+                except FileNotFoundError:  # a cache evicted the file: read through the store
+                    found = None
+            if found is not None:
+                index, stamp = found
                 self._size = stamp.size
                 index.check_bound(self.index_bound(self._size), iurl)
             else:
