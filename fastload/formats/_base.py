@@ -322,6 +322,15 @@ class ShardReader(ABC):
             url=self.url,
         )
 
+    def read_view(self, i: int) -> dict[str, Any]:
+        """:meth:`read`, except that byte fields may be read-only ``memoryview`` slices of the
+        reader's memory-mapped shard instead of ``bytes`` copies: one copy less for a caller
+        that copies them anyway (the loader's collation into a batch buffer). A view stays
+        valid after :meth:`close` (it keeps the mapping alive until it is released); a shard
+        truncated while mapped raises ``SIGBUS`` where the view is read, not here. Readers that
+        map nothing (the default) return :meth:`read`'s ``bytes``."""
+        return self.read(i)
+
     def field_locations(self, field: str) -> list[tuple[int, int]] | None:
         """Where field ``field`` of every sample lies verbatim in the shard object: ``(byte
         offset, size)`` per sample in shard order, or ``None`` when the format cannot say

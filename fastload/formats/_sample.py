@@ -253,14 +253,16 @@ def decode_field(
     allow_pickle: bool = False,
     url: str = "",
     key: str | None = None,
+    codec: Codec | None = None,
 ) -> Any:
-    """Decode one field's bytes by its extension.
+    """Decode one field's bytes by its extension (``codec``: the one :func:`codec_for` gives,
+    when the caller has it already).
 
     Raises:
         UnsafeDataError: The field is a pickle and ``allow_pickle`` is False.
         CorruptDataError: The bytes are not valid for the extension.
     """
-    codec = codec_for(field)
+    codec = codec_for(field) if codec is None else codec
     if codec.unsafe and not allow_pickle:
         raise UnsafeDataError(
             f"field {field!r} is a pickle, and unpickling data from a shard can run arbitrary "
@@ -310,8 +312,10 @@ def decode_sample(
                     url=url,
                     key=key,
                 ) from exc
+        elif (codec := codec_for(name)) is _BYTES and not isinstance(value, bytearray):
+            out[name] = value  # passed through as given (a view stays a view: no copy)
         else:
             out[name] = decode_field(
-                name, bytes(value), allow_pickle=allow_pickle, url=url, key=key
+                name, bytes(value), allow_pickle=allow_pickle, url=url, key=key, codec=codec
             )
     return out

@@ -300,10 +300,14 @@ class MixedDataset(MixIdentity, Dataset):
         ds, local = self._shard(shard)
         return ds.shard_url(local)
 
-    def read_raw(self, shard: int, pos: int) -> dict[str, Any] | None:
+    def read_raw(self, shard: int, pos: int, *, views: bool = False) -> dict[str, Any] | None:
         """Sample ``pos`` of shard ``shard`` of the union, read by its source."""
         ds, local = self._shard(shard)
-        return ds.read_raw(local, pos)
+        return ds.read_raw(local, pos, views=views)
+
+    def raw_views_ok(self) -> bool:
+        """Whether every source may read its byte fields as views (see the sources')."""
+        return all(s.raw_views_ok() for s in self.sources)
 
     def decode_raw(self, raw: dict[str, Any], shard: int | None = None) -> Any:
         """Decode with the ``decode`` of the source of ``shard`` (required for a mix)."""

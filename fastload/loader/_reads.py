@@ -106,6 +106,8 @@ class BatchReads:
         self.partition = partition
         self.io_threads = io_threads
         self.progress: ProgressTable | None = None
+        #: Read byte fields as views of mapped shards (see ``ShardedDataset.read_raw``).
+        self.views = False
         self._pool = PerProcess(partial(_reader_pool, io_threads)) if io_threads else None
 
     def plan(self, order: SampleOrder, step: int, rank: int) -> PlannedBatch:
@@ -138,12 +140,13 @@ class BatchReads:
         then reported with the sample it was reading, not the one decoded last."""
         out: list[ReadResult] = []
         slot = self.progress.read_slot(worker) if self.progress is not None else None
+        read_raw, views = self.dataset.read_raw, self.views
         try:
             for i, shard, pos, index in items:
                 if slot is not None:
                     slot[0], slot[1] = step, index
                 try:
-                    out.append((i, self.dataset.read_raw(shard, pos), None))
+                    out.append((i, read_raw(shard, pos, views=views), None))
                 except Exception as exc:
                     out.append((i, None, exc))
         finally:

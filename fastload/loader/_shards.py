@@ -369,8 +369,12 @@ class ShardedDataset:
             close_quietly(old.reader)
         return slot
 
-    def read_raw(self, shard: int, pos: int) -> dict[str, Any] | None:
+    def read_raw(self, shard: int, pos: int, *, views: bool = False) -> dict[str, Any] | None:
         """Read sample ``pos`` of shard ``shard`` as stored (``{"__key__", field: bytes}``).
+
+        ``views=True`` lets a memory-mapped shard return its byte fields as read-only
+        ``memoryview`` slices of the map instead of copies (``ShardReader.read_view``): only
+        for callers that copy them before handing anything out (:meth:`raw_views_ok`).
 
         Returns ``None`` when the sample is corrupt and the error policy is ``skip``/``warn``.
 
@@ -383,7 +387,7 @@ class ShardedDataset:
         try:
             sample: dict[str, Any] | None
             if reader.supports_random_access:
-                sample = reader.read(pos)
+                sample = reader.read_view(pos) if views else reader.read(pos)
             else:
                 sample = self._read_sequential(slot, shard, pos)
         except FormatError as exc:
@@ -426,6 +430,16 @@ class ShardedDataset:
             return None  # the reader skipped it as corrupt (and counted it)
         slot.cursor = (it, next(it, None))
         return ahead
+
+    def raw_views_ok(self) -> bool:
+        """Whether raw byte fields may be read as views of a mapped shard because nothing but
+        collation sees them: no ``transform``, and no ``decode`` or a
+        :class:`~fastload.loader.decode.Decoder` (which copies what it decodes and passes the
+        rest through). The batch stream then asks for views only with its default collation,
+        which copies byte fields into the batch buffer."""
+        from fastload.loader.decode import Decoder
+
+        return self.transform is None and (self.decode is None or type(self.decode) is Decoder)
 
     def decode_raw(self, raw: dict[str, Any], shard: int | None = None) -> Any:
         """Apply ``decode`` (if any) to a raw sample (read from ``shard``: a mix decodes with

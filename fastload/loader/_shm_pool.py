@@ -18,7 +18,11 @@ batch structure, so that the batch types can allocate from it.
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
+import sys
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -83,6 +87,7 @@ class BufferPool:
         blocks[slot] = None  # free the old block before making the new one
         capacity = -(-(nbytes + nbytes // 4) // _ALIGN) * _ALIGN
         storage = torch.UntypedStorage._new_shared(capacity)  # type: ignore[no-untyped-call]
+        populate(storage.data_ptr(), capacity)
         fd = storage._share_fd_cpu_()[0]
         block = (storage, os.fstat(fd).st_ino)
         blocks[slot] = block
@@ -120,9 +125,41 @@ def pooling() -> bool:
     return _POOL is not None
 
 
+def populate(address: int, nbytes: int) -> None:
+    """Ask the kernel to back ``nbytes`` of fresh shared memory at ``address`` with pages now,
+    in one call (Linux >= 5.14 ``MADV_POPULATE_WRITE``), instead of one page fault per 4 KiB
+    page on first write: measured here, a 24 MiB block took 2.2 ms to populate and 1.8 ms to
+    fill, against 7-10 ms to fill fresh. Elsewhere (another kernel, another OS) it does nothing:
+    the first write faults the pages in as before."""
+    global _MADVISE
+    if _MADVISE is None:
+        _MADVISE = _load_madvise()
+    if _MADVISE is not False and nbytes > 0:
+        page = mmap.PAGESIZE
+        start = address // page * page
+        _MADVISE(start, address + nbytes - start, _MADV_POPULATE_WRITE)
+
+
+_MADV_POPULATE_WRITE = 23  # linux/mman.h
+_MADVISE: Any = None  # libc's madvise once looked up; False where there is none
+
+
+def _load_madvise() -> Any:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
 def _new_shared(nbytes: int) -> torch.Tensor:
     """A fresh ``uint8`` tensor of ``nbytes`` in shared memory (not pooled)."""
     storage = torch.UntypedStorage._new_shared(nbytes)  # type: ignore[no-untyped-call]
+    populate(storage.data_ptr(), nbytes)
     out = torch.empty(0, dtype=torch.uint8)
     out.set_(storage, 0, (nbytes,))  # type: ignore[call-overload]
     return out

@@ -302,6 +302,9 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
             return
         order = self.dataset.order(epoch)
         reads = self._reads
+        # Byte fields that only the default collation sees are read as views of the mapped
+        # shards and copied once, into the batch buffer, instead of twice.
+        reads.views = self.collate_fn is default_collate and self.dataset.raw_views_ok()
         lookahead = ShardLookahead.create(
             self.dataset, steps, lambda step: reads.plan(order, step, rank).shards
         )

@@ -814,3 +814,40 @@ def test_huge_member_size_uses_pax_and_base256_is_read() -> None:
     assert parse_octal(b"\x80" + size.to_bytes(11, "big")) == size
     assert parse_octal(b"00000001750\x00") == 1000
     assert parse_octal(b"   1750 \x00\x00\x00\x00") == 1000
+
+
+# ---- read_view: fields as views of the mapped shard ------------------------------------------
+
+
+def test_read_view_gives_views_of_the_map_equal_to_read(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    samples = _samples(20, size=5000)
+    _write(store, samples)
+    reader = WebDatasetReader(store, KEY)
+    for i in (0, 7, 19):
+        copied, viewed = reader.read(i), reader.read_view(i)
+        assert {k: type(v) for k, v in _fields(copied).items()} == {"jpg": bytes, "cls": bytes}
+        assert {k: type(v) for k, v in _fields(viewed).items()} == {
+            "jpg": memoryview,
+            "cls": memoryview,
+        }
+        assert viewed["__key__"] == copied["__key__"] == samples[i]["__key__"]
+        assert bytes(viewed["jpg"]) == copied["jpg"] == samples[i]["jpg"]
+        assert bytes(viewed["cls"]) == samples[i]["cls"]
+        assert viewed["jpg"].readonly
+    held = reader.read_view(3)["jpg"]
+    reader.close()  # the map stays while a view holds it: no BufferError, and the bytes stay
+    assert bytes(held) == samples[3]["jpg"]
+    assert bytes(reader.read_view(4)["jpg"]) == samples[4]["jpg"]  # remapped after close
+    reader.close()
+    with pytest.raises(IndexError, match="out of range"):
+        reader.read_view(20)
+
+
+def test_read_view_without_a_map_gives_bytes() -> None:
+    store = MemoryStore()
+    samples = _samples(5)
+    _write(store, samples)
+    got = WebDatasetReader(store, KEY).read_view(2)
+    assert type(got["jpg"]) is bytes
+    assert got["jpg"] == samples[2]["jpg"]

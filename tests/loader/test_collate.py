@@ -250,3 +250,72 @@ def test_pickled_loader_still_reuses_blocks(fake: SimpleNamespace, tmp_path: Pat
         del payload
     assert sorted(keys_seen) == sorted(fake.all_keys(sizes))
     assert len(inodes) < 10  # 10 batches: at least one block was reused
+
+
+# ---- byte fields read as views of the mapped shards and copied once -------------------------
+
+
+def _payload_dataset(root: Path, n: int) -> list[bytes]:
+    """A local one-shard WebDataset of ``n`` samples of random ``jpg`` bytes and a ``cls``."""
+    from fastload.formats import Manifest, ShardEntry, get_format, write_manifest
+    from fastload.storage import LocalStore
+
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(0, 20_000, n)
+    payloads = [rng.integers(0, 256, int(k), dtype=np.uint8).tobytes() for k in sizes]
+    store = LocalStore(str(root))
+    fmt = get_format("webdataset")
+    w = fmt.writer(store, f"s-000000.{fmt.extension}")
+    for i, p in enumerate(payloads):
+        w.write({"__key__": f"k{i:03d}", "jpg": p, "cls": i})
+    write_manifest(store, Manifest(format=fmt.name, shards=[ShardEntry.from_info(w.close())]))
+    return payloads
+
+
+class _FieldTypes:
+    """A transform that records the type of the ``jpg`` field it is given (picklable)."""
+
+    def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
+        return {**sample, "jpg_type": type(sample["jpg"]).__name__}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_byte_fields_packed_from_views_equal_the_bytes(tmp_path: Path, workers: int) -> None:
+    """Decoder(image="bytes") + the default collation: the jpg fields are read as views of the
+    mapped shard and copied once into the batch; the batch holds exactly the stored bytes."""
+    from fastload.loader.decode import Decoder
+
+    payloads = _payload_dataset(tmp_path / "ds", 40)
+    ds = fl.open_dataset(
+        str(tmp_path / "ds"), seed=3, decode=Decoder(image="bytes"), fields=("jpg", "cls")
+    )
+    assert ds.raw_views_ok()
+    loader = fl.DataLoader(ds, batch_size=8, num_workers=workers)
+    seen = {}
+    for jpgs, labels in loader:
+        assert isinstance(jpgs, PackedBytes)
+        for data, label in zip(jpgs, labels.tolist(), strict=True):
+            seen[label] = data
+    assert seen == dict(enumerate(payloads))
+    if workers == 0:  # (the workers' copies of the stream set it in their processes)
+        assert loader._stream._reads.views  # the one-copy path was taken
+
+
+def test_a_transform_sees_bytes_not_views(tmp_path: Path) -> None:
+    """Views are only read where nothing but the default collation sees the fields."""
+    from fastload.loader.decode import Decoder
+
+    _payload_dataset(tmp_path / "ds", 10)
+    ds = fl.open_dataset(
+        str(tmp_path / "ds"), decode=Decoder(image="bytes"), transform=_FieldTypes()
+    )
+    assert not ds.raw_views_ok()
+    batch = next(iter(fl.DataLoader(ds, batch_size=10)))
+    assert set(batch["jpg_type"]) == {"bytes"}
+    plain = fl.open_dataset(str(tmp_path / "ds"), decode=Decoder(image="bytes"))
+    assert plain.raw_views_ok()
+    # A collate_fn of the user's own sees copies too.
+    own = fl.DataLoader(plain, batch_size=10, collate_fn=list)
+    got = next(iter(own))
+    assert {type(s["jpg"]) for s in got} == {bytes}
+    assert not own._stream._reads.views

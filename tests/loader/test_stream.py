@@ -356,9 +356,9 @@ def test_progress_records_each_read_where_it_happens(
     seen_decodes: list[tuple[int, int]] = []  # (dataset index of the sample, index recorded)
     read_raw = ds.read_raw
 
-    def recording_read(shard: int, pos: int) -> dict[str, Any] | None:
+    def recording_read(shard: int, pos: int, *, views: bool = False) -> dict[str, Any] | None:
         seen_reads.append((shard, pos, set(stream.progress()[0].reads)))
-        return read_raw(shard, pos)
+        return read_raw(shard, pos, views=views)
 
     def recording_decode(raw: dict[str, Any]) -> dict[str, Any]:
         seen_decodes.append((raw["__rng_seed__"][2], stream.progress()[0].index))

@@ -82,6 +82,7 @@ class WebDatasetReader(ShardReader):
         self._index_loaded = False
         self._map: ShardView | None = None  # this process's map of a local shard, for read()
         self._map_tried = False
+        self._map_bytes: memoryview | None = None  # the map as a memoryview, for views
         self._size = -1  # the shard's size when the index was loaded
         self._names_checked = True  # load_index checked the member names of the index
 
@@ -89,15 +90,22 @@ class WebDatasetReader(ShardReader):
         # Workers reload the index and map the shard lazily instead of receiving copies.
         state = self.__dict__.copy()
         state["_index"], state["_index_loaded"] = None, False
-        state["_map"], state["_map_tried"] = None, False
+        state["_map"], state["_map_tried"], state["_map_bytes"] = None, False, None
         state["_names_checked"] = True
         return state
 
     def close(self) -> None:
-        """Unmap the shard if :meth:`read` mapped it. The reader stays usable."""
+        """Unmap the shard if :meth:`read` mapped it. The reader stays usable. Views that
+        ``read(..., views=True)`` returned stay valid: the mapping then goes when they do."""
         view, self._map, self._map_tried = self._map, None, False
+        whole, self._map_bytes = self._map_bytes, None
+        if whole is not None:
+            whole.release()
         if isinstance(view, mmap.mmap):
-            view.close()
+            try:
+                view.close()
+            except BufferError:  # views handed out are still alive: they keep the map
+                pass
 
     # ---- index --------------------------------------------------------------------------------
 
@@ -213,14 +221,29 @@ class WebDatasetReader(ShardReader):
             if missing is not None:
                 raise missing
             raise IndexError(f"sample {i} out of range: {self.url} has {len(index)} samples")
+        return self._read(i, index, views=False)
+
+    def read_view(self, i: int) -> dict[str, Any]:
+        """:meth:`read` with the fields of a local (memory-mapped) shard as read-only
+        ``memoryview`` slices of the map, not copies (see ``ShardReader.read_view``)."""
+        index = self._require_index()
+        if not 0 <= i < len(index):
+            return self.read(i)  # raises the right error
+        return self._read(i, index, views=True)
+
+    def _read(self, i: int, index: SampleIndex, *, views: bool) -> dict[str, Any]:
         comps = index.components(i)
         last = comps[-1]
         if last.offset + last.size > self._size:
             raise self.past_end(i, comps[0].offset - BLOCK, last.offset + last.size, self._size)
         view = self._local_map()
         if view is not None:  # a local file: each field is one copy out of the page cache
+            whole = self._map_bytes if views else None
+            if views and whole is None and isinstance(view, mmap.mmap):
+                whole = self._map_bytes = memoryview(view)
+            data_of = whole if whole is not None else view
             parts = [
-                (view[c.offset - BLOCK : c.offset], view[c.offset : c.offset + c.size])
+                (view[c.offset - BLOCK : c.offset], data_of[c.offset : c.offset + c.size])
                 for c in comps
             ]
         else:  # one request for the sample's headers and data
