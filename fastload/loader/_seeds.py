@@ -64,7 +64,9 @@ def seed_global_rngs(seed: int, epoch: int, step: int, rank: int) -> None:
     seed32 = int(state[0])
     random.seed(seed32)
     np.random.seed(seed32)
-    torch.manual_seed((seed32 << 32) | int(state[1]))
+    # The CPU generator only: workers do not use CUDA (a forked one cannot), and
+    # torch.manual_seed's lazy seeding of CUDA records a stack trace per call (~150 us).
+    torch.default_generator.manual_seed((seed32 << 32) | int(state[1]))
 
 
 def pipeline_seed(seed: int, epoch: int) -> int:

@@ -463,3 +463,43 @@ def test_load_state_dict_checks_the_order_version(fake: SimpleNamespace) -> None
     del saved["order_version"]
     with pytest.raises(InvalidArgumentError, match=r"order version 1\b.*set_epoch\(1\)"):
         fl.DataLoader(large, batch_size=2).load_state_dict(saved)
+
+
+class _GlobalDraws:
+    """A transform that draws from Python's, NumPy's and torch's global generators (picklable)."""
+
+    def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
+        import random
+
+        import numpy as np
+
+        return {
+            "key": sample["__key__"],
+            "draws": (random.random(), float(np.random.random()), float(torch.rand(1))),
+        }
+
+
+def _draws_by_key(root: str, workers: int, epoch: int) -> dict[str, tuple[float, ...]]:
+    ds = fl.open_dataset(root, seed=5, transform=_GlobalDraws())
+    loader = fl.DataLoader(ds, batch_size=4, num_workers=workers)
+    loader.set_epoch(epoch)
+    out: dict[str, tuple[float, ...]] = {}
+    for batch in loader:
+        for key, *draws in zip(batch["key"], *(d.tolist() for d in batch["draws"]), strict=True):
+            out[key] = tuple(draws)
+    return out
+
+
+def test_global_generators_are_reseeded_per_batch_in_workers(
+    tmp_path: Path, fake: SimpleNamespace
+) -> None:
+    """Transforms that draw from the global generators make the same draws for a sample
+    whatever the number of workers (each batch reseeds them from seed, epoch, step, rank), and
+    other draws in another epoch."""
+    root = fake.build_format_dataset(str(tmp_path / "ds"), [10, 14])
+    one, two = _draws_by_key(root, 1, 0), _draws_by_key(root, 2, 0)
+    assert sorted(one) == sorted(fake.all_keys([10, 14]))
+    assert one == two
+    assert len({d for d in one.values()}) == len(one)  # every sample drew its own values
+    other = _draws_by_key(root, 2, 1)
+    assert all(other[k] != one[k] for k in one)

@@ -152,6 +152,42 @@ def test_normalize_values_and_batches() -> None:
         Normalize(std=(0.0, 1.0, 1.0))
 
 
+def test_normalize_reuses_a_batch_output_only_when_nothing_refers_to_it() -> None:
+    """Batch outputs are reused (no fresh 38 MB per batch), but never while the caller holds
+    the batch, a slice of it, or a NumPy array over it; values are always right."""
+    norm = Normalize()
+    rng = np.random.default_rng(0)
+    batches = [
+        torch.from_numpy(rng.integers(0, 256, (4, 3, 8, 8), dtype=np.uint8)) for _ in range(8)
+    ]
+    expect = [torch.stack([norm(img) for img in b]) for b in batches]  # per image: not pooled
+    first = norm(batches[0])
+    second = norm(batches[1])
+    first_ptr, second_ptr = first.data_ptr(), second.data_ptr()
+    assert first_ptr != second_ptr  # the first is held
+    kept = first[1:3]  # a slice keeps the storage in use
+    del first
+    third = norm(batches[2])
+    assert third.data_ptr() not in (first_ptr, second_ptr)
+    array = second.numpy()  # a NumPy array over it keeps it in use
+    del second
+    fourth = norm(batches[3])
+    assert fourth.data_ptr() not in (first_ptr, second_ptr, third.data_ptr())
+    torch.testing.assert_close(kept, expect[0][1:3])  # nothing overwrote what is held
+    torch.testing.assert_close(torch.from_numpy(array), expect[1])
+    torch.testing.assert_close(third, expect[2])
+    torch.testing.assert_close(fourth, expect[3])
+    pooled = {second_ptr, third.data_ptr(), fourth.data_ptr()}  # the pool keeps the last 3
+    del kept, array, third
+    reused = norm(batches[4])
+    assert reused.data_ptr() in pooled  # free again: reused, not fresh
+    torch.testing.assert_close(reused, expect[4])
+    torch.testing.assert_close(fourth, expect[3])
+    # A pickled copy (a worker's) has its own, empty pool.
+    again = pickle.loads(pickle.dumps(norm))
+    torch.testing.assert_close(again(batches[5]), expect[5])
+
+
 def test_compose_unfused_pipeline(photo: np.ndarray) -> None:
     pipe = Compose([RandomResizedCrop(), RandomHorizontalFlip(), Normalize()])
     out = pipe(photo, np.random.default_rng(0))
