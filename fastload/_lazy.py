@@ -14,18 +14,27 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-__all__ = ["PerProcess"]
+__all__ = ["PerProcess", "current_pid"]
 
 T = TypeVar("T")
 
 # Guards the "is this value from another process?" check. A lock held by some thread at fork time
 # stays held forever in the child, so the child gets a fresh one.
 _RESET_LOCK = threading.Lock()
+# This process's id, renewed in forked children: os.getpid() is a system call, and the loader
+# asks once or more per sample.
+_PID = os.getpid()
 
 
 def _after_fork_in_child() -> None:
-    global _RESET_LOCK
+    global _RESET_LOCK, _PID
     _RESET_LOCK = threading.Lock()
+    _PID = os.getpid()
+
+
+def current_pid() -> int:
+    """``os.getpid()`` without the system call (kept up to date across ``os.fork``)."""
+    return _PID
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -47,16 +56,16 @@ class PerProcess(Generic[T]):
     def __init__(self, factory: Callable[[], T]) -> None:
         self._factory = factory
         self._lock = threading.Lock()
-        self._pid = os.getpid()
+        self._pid = _PID
         self._value: T | None = None
 
     def _this_process(self) -> None:
-        if self._pid != os.getpid():
+        if self._pid != _PID:
             with _RESET_LOCK:
-                if self._pid != os.getpid():
+                if self._pid != _PID:
                     self._lock = threading.Lock()
                     self._value = None
-                    self._pid = os.getpid()
+                    self._pid = _PID
 
     def get(self) -> T:
         """This process's value, made now if it has none."""

@@ -8,7 +8,7 @@ import os
 import pickle
 import threading
 
-from fastload._lazy import PerProcess
+from fastload._lazy import PerProcess, current_pid
 
 _counter = itertools.count()
 
@@ -76,3 +76,20 @@ def test_pickled_copy_carries_the_factory_not_the_value() -> None:
     assert copy.peek() is None
     assert copy.get() != made
     assert "not made" in repr(PerProcess(_make))
+
+
+def _report_pids(queue: multiprocessing.Queue[tuple[int, int]]) -> None:
+    queue.put((current_pid(), os.getpid()))
+
+
+def test_current_pid_follows_forks() -> None:
+    assert current_pid() == os.getpid()
+    ctx = multiprocessing.get_context("fork")
+    queue: multiprocessing.Queue[tuple[int, int]] = ctx.Queue()
+    child = ctx.Process(target=_report_pids, args=(queue,))
+    child.start()
+    cached, real = queue.get(timeout=30)
+    child.join(30)
+    assert cached == real == child.pid
+    assert cached != os.getpid()
+    assert current_pid() == os.getpid()  # the parent's is unchanged

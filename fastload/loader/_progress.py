@@ -13,7 +13,6 @@ Writes go through a NumPy view of the shared tensor (about 0.1 us each, against 
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +21,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import torch
+
+from fastload._lazy import current_pid
 
 __all__ = ["ProgressTable", "WorkerProgress", "read_slot_initializer"]
 
@@ -98,7 +99,7 @@ class ProgressTable:
         view = self._numpy()
         if worker < len(view):
             row = view[worker]
-            row[_COL_PID] = os.getpid()
+            row[_COL_PID] = current_pid()
             row[_COL_STEP] = step
             row[_COL_INDEX] = index
 

@@ -64,13 +64,16 @@ class SampleOrder(Protocol):
         ...
 
 
+_BYTES_TYPES = (bytes, bytearray, memoryview)
+
+
 def sample_nbytes(sample: Mapping[str, Any]) -> int:
     """Bytes of a raw sample's fields (metadata entries such as ``__key__`` not counted)."""
-    return sum(
-        len(v)
-        for k, v in sample.items()
-        if not k.startswith("__") and isinstance(v, bytes | bytearray | memoryview)
-    )
+    total = 0
+    for k, v in sample.items():
+        if isinstance(v, _BYTES_TYPES) and k[:2] != "__":
+            total += v.nbytes if isinstance(v, memoryview) else len(v)
+    return total
 
 
 def _keeps_field_names(decode: Any) -> bool:
