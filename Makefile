@@ -6,7 +6,9 @@ STAMP   = $(VENV)/.installed
 
 .PHONY: demo test lint bench ceph-up ceph-down clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py fastload/loader/_jpegroi.c
+	# Debian packages first: the native JPEG region decoder (setup.py) builds against them.
+	tools/system-deps.sh
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch is pinned so pip takes the CPU wheel (an unpinned torch pulls a multi-GB CUDA build).

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the test suite needs (a local Ceph cluster: mon, OSD, radosgw),
-# if they are missing. Needs root or sudo. Idempotent: does nothing when everything is there.
+# Installs the Debian packages the test suite needs (a local Ceph cluster: mon, OSD, radosgw; a C
+# compiler and libjpeg-turbo's headers for fastload's native JPEG region decoder, setup.py), if
+# they are missing. Needs root or sudo. Idempotent: does nothing when everything is there.
 set -euo pipefail
-PKGS=(ceph-mon ceph-osd radosgw ceph-common uuid-runtime)
+PKGS=(ceph-mon ceph-osd radosgw ceph-common uuid-runtime gcc libc6-dev libjpeg62-turbo-dev)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -246,7 +246,14 @@ class FusedJpegTransform(ImageFieldTransform):
         if hw is not None:
             box = self._box(hw[0], hw[1], rng)
             try:
-                arr, fbox = decode_for_box(data, hw, box, self.size, self.dct_scaling)
+                arr, fbox = decode_for_box(
+                    data,
+                    hw,
+                    box,
+                    self.size,
+                    self.dct_scaling,
+                    whole_box_inside=self.interpolation == "bilinear",
+                )
             except ValueError:
                 arr = decode_full(data)  # CMYK & co. via Pillow; raises CorruptDataError
                 fbox = pil_box(box)

@@ -65,7 +65,7 @@ from fastload.loader._reads import (
     default_io_threads,
 )
 from fastload.loader._seeds import RNG_SEED_KEY, check_seed, seed_global_rngs
-from fastload.loader._shards import NOT_DATA_ERRORS, SampleOrder, ShardedDataset, sample_nbytes
+from fastload.loader._shards import NOT_DATA_ERRORS, ShardedDataset, sample_nbytes
 from fastload.loader._shm_pool import BufferPool, set_buffer_pool
 from fastload.storage import CachingStore
 
@@ -348,10 +348,6 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
                 self.dataset.close()
 
     # ---- internals --------------------------------------------------------------------------
-
-    def _plan(self, order: SampleOrder, step: int, rank: int) -> PlannedBatch:
-        """The samples of rank ``rank``'s batch at global ``step`` (see :class:`BatchReads`)."""
-        return self._reads.plan(order, step, rank)
 
     def _assemble(
         self,

@@ -108,7 +108,7 @@ def first_read_order(ds: Dataset, stream: Any, worker: int, num_workers: int) ->
     order = ds.order(stream.epoch)
     seen: list[int] = []
     for step in stream.partition.worker_steps(0, worker, num_workers):
-        planned = stream._plan(order, int(step), 0)
+        planned = stream._reads.plan(order, int(step), 0)
         for shard in sorted(set(planned.shards.tolist())):
             if shard not in seen:
                 seen.append(shard)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 from collections.abc import Callable, Iterator
 from typing import Any, Unpack
@@ -10,6 +11,7 @@ from fastload.errors import CorruptDataError, FormatError, MissingIndexError, Ob
 from fastload.formats import _index_cache
 from fastload.formats._base import DAMAGED_SHARD_REMEDY, ReaderOptions, ShardReader
 from fastload.formats._mmap import local_file, map_file
+from fastload.formats.webdataset._checks import check_indexed_header
 from fastload.formats.webdataset._compressed import (
     HEAD_BYTES,
     InflatedView,
@@ -18,10 +20,9 @@ from fastload.formats.webdataset._compressed import (
 )
 from fastload.formats.webdataset._scan import DIRECTORY, REGULAR, Bad, Member
 from fastload.formats.webdataset._source import open_shard, scan_shard
-from fastload.formats.webdataset._tar import BLOCK, checksum_ok, parse_octal, split_member_name
+from fastload.formats.webdataset._tar import BLOCK, split_member_name
 from fastload.formats.webdataset._view import ShardView
 from fastload.formats.webdataset.index import (
-    Component,
     SampleIndex,
     components_of,
     format_index,
@@ -95,17 +96,15 @@ class WebDatasetReader(ShardReader):
         return state
 
     def close(self) -> None:
-        """Unmap the shard if :meth:`read` mapped it. The reader stays usable. Views that
-        ``read(..., views=True)`` returned stay valid: the mapping then goes when they do."""
+        """Unmap the shard if :meth:`read` mapped it. The reader stays usable. Views from
+        :meth:`read_view` stay valid: the mapping goes with the last of them."""
         view, self._map, self._map_tried = self._map, None, False
         whole, self._map_bytes = self._map_bytes, None
         if whole is not None:
             whole.release()
         if isinstance(view, mmap.mmap):
-            try:
+            with contextlib.suppress(BufferError):  # BufferError: views alive, they keep it
                 view.close()
-            except BufferError:  # views handed out are still alive: they keep the map
-                pass
 
     # ---- index --------------------------------------------------------------------------------
 
@@ -215,35 +214,31 @@ class WebDatasetReader(ShardReader):
             MissingIndexError: No index.
             CorruptDataError: The headers in front of the indexed data do not match the index.
         """
+        return self._read(i, views=False)
+
+    def read_view(self, i: int) -> dict[str, Any]:
+        """:meth:`read` with the fields of a local (memory-mapped) shard as read-only
+        ``memoryview`` slices of the map, not copies (see ``ShardReader.read_view``)."""
+        return self._read(i, views=True)
+
+    def _read(self, i: int, *, views: bool) -> dict[str, Any]:
         index = self._require_index()
         if not 0 <= i < len(index):
             missing = self.missing_sample(i, len(index))
             if missing is not None:
                 raise missing
             raise IndexError(f"sample {i} out of range: {self.url} has {len(index)} samples")
-        return self._read(i, index, views=False)
-
-    def read_view(self, i: int) -> dict[str, Any]:
-        """:meth:`read` with the fields of a local (memory-mapped) shard as read-only
-        ``memoryview`` slices of the map, not copies (see ``ShardReader.read_view``)."""
-        index = self._require_index()
-        if not 0 <= i < len(index):
-            return self.read(i)  # raises the right error
-        return self._read(i, index, views=True)
-
-    def _read(self, i: int, index: SampleIndex, *, views: bool) -> dict[str, Any]:
         comps = index.components(i)
         last = comps[-1]
         if last.offset + last.size > self._size:
             raise self.past_end(i, comps[0].offset - BLOCK, last.offset + last.size, self._size)
         view = self._local_map()
         if view is not None:  # a local file: each field is one copy out of the page cache
-            whole = self._map_bytes if views else None
-            if views and whole is None and isinstance(view, mmap.mmap):
-                whole = self._map_bytes = memoryview(view)
-            data_of = whole if whole is not None else view
+            if views and self._map_bytes is None and isinstance(view, mmap.mmap):
+                self._map_bytes = memoryview(view)
+            src = self._map_bytes if views and self._map_bytes is not None else view
             parts = [
-                (view[c.offset - BLOCK : c.offset], data_of[c.offset : c.offset + c.size])
+                (view[c.offset - BLOCK : c.offset], src[c.offset : c.offset + c.size])
                 for c in comps
             ]
         else:  # one request for the sample's headers and data
@@ -253,7 +248,7 @@ class WebDatasetReader(ShardReader):
         sample: dict[str, Any] = {"__url__": self.url, "__index__": i}
         key: str | None = None
         for comp, (hdr, data) in zip(comps, parts, strict=True):
-            name = self._check_indexed_header(comp, hdr, i)
+            name = check_indexed_header(comp, hdr, i, self.url)
             split = split_member_name(name)
             if split is None or split[1] != comp.ext:
                 raise CorruptDataError(
@@ -305,58 +300,6 @@ class WebDatasetReader(ShardReader):
             self._map = None if path is None else map_file(path)
             self._map_tried = True
         return self._map
-
-    def _check_indexed_header(self, comp: Component, hdr: bytes, i: int) -> str:
-        """Verify the ustar header in front of an indexed member; return the member's name."""
-        stale = (
-            "; the shard's bytes are damaged or the index is stale (`fastload verify` tells which; "
-            "`fastload index` rebuilds a stale index)"
-        )
-        if len(hdr) != BLOCK or not checksum_ok(hdr) or hdr[156:157] not in (b"0", b"\0", b"7"):
-            raise CorruptDataError(
-                f"index line {i + 2}: no regular-file tar header in front of the data of "
-                f"{comp.name or comp.ext!r}{stale}",
-                url=self.url,
-                offset=comp.offset - BLOCK,
-            )
-        try:
-            size = parse_octal(hdr[124:136])
-        except ValueError:
-            raise CorruptDataError(
-                f"index line {i + 2}: the tar header in front of the data of "
-                f"{comp.name or comp.ext!r} has an invalid size field{stale}",
-                url=self.url,
-                offset=comp.offset - BLOCK,
-            ) from None
-        raw = hdr[0:100].split(b"\0", 1)[0]
-        if hdr[345] != 0 and hdr[257:263] == b"ustar\x00":
-            raw = hdr[345:500].split(b"\0", 1)[0] + b"/" + raw
-        header_name = raw.decode("utf-8", "surrogateescape")
-        if size != comp.size and not (size == 0 and comp.size > 0o77777777777):
-            raise CorruptDataError(
-                f"index line {i + 2} gives {comp.size} bytes for {comp.name or comp.ext!r} but "
-                f"its tar header says {size}{stale}",
-                url=self.url,
-                offset=comp.offset - BLOCK,
-            )
-        if not comp.name:  # v1.1 index: the header is the only source of the name
-            if header_name.endswith("." + comp.ext) and len(raw) < 100:
-                return header_name
-            raise FormatError(
-                f"index line {i + 2} (v1.1, no member names) points at member "
-                f"{header_name!r}, whose full name the header cannot give; rebuild the index "
-                "with `fastload index` (v1.2)",
-                url=self.url,
-                offset=comp.offset - BLOCK,
-            )
-        if header_name != comp.name and len(comp.name.encode("utf-8", "surrogateescape")) <= 100:
-            raise CorruptDataError(
-                f"index line {i + 2} names member {comp.name!r} but the tar header there "
-                f"names {header_name!r}{stale}",
-                url=self.url,
-                offset=comp.offset - BLOCK,
-            )
-        return comp.name
 
     # ---- streaming ----------------------------------------------------------------------------
 
