@@ -167,10 +167,22 @@ register_codec(("pyd", "pickle"), Codec(_encode_pickle, _decode_pickle, unsafe=T
 _BYTES = Codec(_identity_bytes, _passthrough)
 
 
+_EXTENSIONS: dict[str, str] = {}  # field name -> extension (a dataset has few field names)
+
+
+def field_extension(field: str) -> str:
+    """The part of a field name after its last dot, lower case (the whole name if no dot)."""
+    ext = _EXTENSIONS.get(field)
+    if ext is None:
+        ext = field.rsplit(".", 1)[-1].lower()
+        if len(_EXTENSIONS) < 4096:
+            _EXTENSIONS[field] = ext
+    return ext
+
+
 def codec_for(field: str) -> Codec:
     """The codec for a field name (by the part after its last dot); bytes passthrough if none."""
-    ext = field.rsplit(".", 1)[-1].lower()
-    return _CODECS.get(ext, _BYTES)
+    return _CODECS.get(field_extension(field), _BYTES)
 
 
 def validate_sample_key(key: Any, *, url: str = "") -> str:
@@ -300,7 +312,7 @@ def decode_sample(
         if name.startswith("__") or not isinstance(value, (bytes, bytearray, memoryview)):
             out[name] = value
             continue
-        ext = name.rsplit(".", 1)[-1].lower()
+        ext = field_extension(name)
         if fields is not None and ext in fields:
             try:
                 out[name] = fields[ext](bytes(value))

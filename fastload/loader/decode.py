@@ -57,7 +57,8 @@ the sample's ``__url__`` (its shard) and ``__key__`` and the field; the loader's
 policy decides whether that stops training or skips the sample.
 
 Decoders pickle (they hold only their options), so they work with ``spawn`` and ``forkserver``
-DataLoader workers. They hold no mutable state and are safe to call from several threads.
+DataLoader workers. They hold no mutable state but a small cache of what each distinct set of
+field names needs, and are safe to call from several threads.
 """
 
 from __future__ import annotations
@@ -250,6 +251,7 @@ class Decoder:
             k.lower().lstrip("."): v for k, v in (extra or {}).items()
         }
         self._fields = self._build_fields()
+        self._gz_fields: dict[tuple[str, ...], tuple[str, ...]] = {}
 
     def _build_fields(self) -> dict[str, Callable[[bytes], Any]]:
         fields: dict[str, Callable[[bytes], Any]] = {
@@ -264,6 +266,23 @@ class Decoder:
             fields.update(dict.fromkeys(DECODED_IMAGE_EXTENSIONS, image_fn))
         fields.update(self.extra)
         return fields
+
+    def _check_fields(self, keys: tuple[str, ...]) -> tuple[str, ...]:
+        """The ``.gz`` fields among a sample's ``keys`` (remembered per distinct key tuple: a
+        dataset has few); raises if a field needs a package that is missing."""
+        if (
+            not _has_cbor()
+            and "cbor" not in self.extra
+            and any(k.rsplit(".", 1)[-1].lower() == "cbor" for k in keys if k[:2] != "__")
+        ):
+            raise MissingDependencyError(
+                "decoding .cbor fields needs the 'cbor' package, which webdataset's CBOR "
+                "decoder uses: pip install cbor (or pass extra={'cbor': bytes} to keep the bytes)"
+            )
+        gz = tuple(k for k in keys if k.endswith(".gz") and not k.startswith("__"))
+        if len(self._gz_fields) < 256:
+            self._gz_fields[keys] = gz
+        return gz
 
     def _decode_gz(self, sample: Mapping[str, Any], names: list[str]) -> Sample:
         """Decode ``sample`` whose fields ``names`` end in ``.gz``: each is gunzipped (by
@@ -294,18 +313,12 @@ class Decoder:
                 the shard URL (``__url__``), the sample key and the field.
             UnsafeDataError: A pickle field and ``allow_pickle`` is False.
         """
-        gz = [k for k in sample if k.endswith(".gz") and not k.startswith("__")]
+        keys = tuple(sample)
+        gz = self._gz_fields.get(keys)
+        if gz is None:
+            gz = self._check_fields(keys)
         if gz:
-            return self._decode_gz(sample, gz)
-        if (
-            not _has_cbor()
-            and "cbor" not in self.extra
-            and any(k.rsplit(".", 1)[-1].lower() == "cbor" for k in sample if k[:2] != "__")
-        ):
-            raise MissingDependencyError(
-                "decoding .cbor fields needs the 'cbor' package, which webdataset's CBOR "
-                "decoder uses: pip install cbor (or pass extra={'cbor': bytes} to keep the bytes)"
-            )
+            return self._decode_gz(sample, list(gz))
         fields = self._fields
         if callable(self.image):
             fused = functools.partial(_call_with_rng, self.image, rng_for(sample))
@@ -331,6 +344,7 @@ class Decoder:
         self.allow_pickle = state["allow_pickle"]
         self.extra = state["extra"]
         self._fields = self._build_fields()
+        self._gz_fields = {}
 
     def __repr__(self) -> str:
         extra = f", extra={sorted(self.extra)}" if self.extra else ""
