@@ -177,7 +177,7 @@ def test_normalize_reuses_a_batch_output_only_when_nothing_refers_to_it() -> Non
     torch.testing.assert_close(torch.from_numpy(array), expect[1])
     torch.testing.assert_close(third, expect[2])
     torch.testing.assert_close(fourth, expect[3])
-    pooled = {second_ptr, third.data_ptr(), fourth.data_ptr()}  # the pool keeps the last 3
+    pooled = {third.data_ptr(), fourth.data_ptr()}  # the pool keeps the last 2
     del kept, array, third
     reused = norm(batches[4])
     assert reused.data_ptr() in pooled  # free again: reused, not fresh
