@@ -9,8 +9,10 @@ caches and memory do not slow the next, and passes the result back on stdout:
   ``{"error": "..."}`` saying why there is none: the exit status and the last lines of output,
   or the timeout. Every report treats a run that has an ``"error"`` key as failed.
 
-Around that protocol: the child-side measurement pieces (:func:`warm`, :func:`time_batches`,
-:func:`dali_batches`), the round order (:func:`alternating`: ABAB, then BABA, so that drifting
+Around that protocol: the child-side measurement pieces (:func:`warm`; :func:`time_epoch`, which
+times one whole epoch from the loader's creation, first batch and steady span apart;
+:func:`time_batches`, a steady window only; :func:`dali_batches`; the process tree's CPU time and
+memory: :func:`tree_cpu_seconds`, :func:`tree_memory`), the round order (:func:`alternating`: ABAB, then BABA, so that drifting
 load on this shared machine hits every contender alike), per-round lines (:func:`print_round`),
 medians and ratios (:func:`median_rate`, :func:`ratio`, :func:`fmt_ratio`) and fixed-width tables
 (:class:`Table`).
@@ -30,22 +32,32 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from benchmarks._proctree import child_pids, status_kb, tree_cpu_seconds, tree_memory
+
 __all__ = [
     "PEERS_PYTHON",
     "REPO",
     "RESULT_PREFIX",
     "Table",
+    "EpochShortError",
     "alternating",
     "batch_size",
+    "child_pids",
     "dali_batches",
     "emit_result",
     "fmt_ratio",
+    "median_of",
     "median_rate",
     "ok_runs",
     "print_round",
+    "rate_of",
     "ratio",
     "run_child",
+    "status_kb",
     "time_batches",
+    "time_epoch",
+    "tree_cpu_seconds",
+    "tree_memory",
     "warm",
 ]
 
@@ -132,73 +144,173 @@ def batch_size(batch: Any) -> int:
     return len(labels)
 
 
+class EpochShortError(RuntimeError):
+    """A loader's epoch ended before it delivered the samples the benchmark expected."""
+
+
+def time_epoch(
+    make: Callable[[], Iterable[Any]],
+    samples: int | None = None,
+    *,
+    warmup: int = 2,
+    clock: Callable[[], float] = time.perf_counter,
+    cpu_clock: Callable[[], float] | None = None,
+    sync: Callable[[], None] | None = None,
+) -> dict[str, float]:
+    """Time one whole epoch: start-up, first batch, and the steady span after the warm-up.
+
+    The clock starts before ``make()`` is called, so creating the loader (or pipeline) and its
+    first ``iter()`` are counted; it stops after the last batch. Every contender of a benchmark is
+    timed the same way, and the epoch rate is what a training job sees in its first epoch.
+
+    Args:
+        make: Creates the loader under test (or returns one already built, e.g. for a second
+            epoch); it is called once, then iterated. Samples per batch come from
+            :func:`batch_size`.
+        samples: The epoch's size: iteration stops at the batch that reaches it (a loader that
+            repeats samples to fill its last batch or a DALI pipeline that never ends stops
+            there), and a loader that ends before it raises :class:`EpochShortError`.
+            ``None``: until the loader is exhausted.
+        warmup: Batches before the steady span (the steady span starts when batch ``warmup``
+            has arrived and counts the batches after it).
+        clock: Wall clock in seconds (injectable for tests).
+        cpu_clock: A CPU-seconds clock (e.g. :func:`tree_cpu_seconds`); when given the result
+            has ``cpu_seconds`` (the whole epoch) and ``steady_cpu_seconds``.
+        sync: Called before each clock reading that ends a span (e.g. a CUDA synchronize, so
+            that the device's queued work is counted).
+
+    Returns:
+        ``samples`` and ``seconds`` (= ``epoch_seconds``: creation to last batch, so
+        :func:`median_rate` gives the epoch rate), ``first_batch_seconds`` (creation to the first
+        batch), ``steady_samples`` and ``steady_seconds`` (after batch ``warmup``; both 0 when
+        the epoch has no more batches than that), ``batches`` and, with ``cpu_clock``,
+        ``cpu_seconds`` and ``steady_cpu_seconds``.
+
+    Raises:
+        EpochShortError: ``samples`` was given and the loader delivered fewer.
+    """
+    result = _timed_loop(make, samples, warmup, clock, cpu_clock, sync)
+    if samples is not None and result["samples"] < samples:
+        raise EpochShortError(
+            f"the epoch delivered {result['samples']:.0f} samples in {result['batches']:.0f}"
+            f" batches, expected {samples}: the loader drops or loses samples"
+        )
+    return result
+
+
+def _timed_loop(
+    make: Callable[[], Iterable[Any]],
+    limit: int | None,
+    warmup: int,
+    clock: Callable[[], float],
+    cpu_clock: Callable[[], float] | None,
+    sync: Callable[[], None] | None,
+) -> dict[str, float]:
+    """The one timing loop of :func:`time_epoch` and :func:`time_batches`."""
+    cpu = cpu_clock if cpu_clock is not None else (lambda: 0.0)
+    n = seen = steady = 0
+    t0 = clock()
+    cpu0 = cpu()
+    first = start = end = t0
+    cpu_start = cpu0
+    for batch in make():
+        size = batch_size(batch)
+        seen += size
+        n += 1
+        if n == 1 or n == warmup:
+            if sync is not None:
+                sync()
+            now = clock()
+            if n == 1:
+                first = now
+            if n == warmup:
+                start, cpu_start = now, cpu()
+        if n > warmup:
+            steady += size
+        if limit is not None and seen >= limit:
+            break
+    if sync is not None:
+        sync()
+    end = clock()
+    cpu_end = cpu()
+    result = {
+        "samples": seen,
+        "seconds": end - t0,
+        "epoch_seconds": end - t0,
+        "first_batch_seconds": first - t0,
+        "steady_samples": steady,
+        "steady_seconds": end - start if n > warmup else 0.0,
+        "batches": n,
+    }
+    if cpu_clock is not None:
+        result["cpu_seconds"] = cpu_end - cpu0
+        result["steady_cpu_seconds"] = cpu_end - cpu_start if n > warmup else 0.0
+    return result
+
+
 def time_batches(
     batches: Iterable[Any],
     limit: int,
     *,
     warmup: int = 2,
+    clock: Callable[[], float] = time.perf_counter,
     cpu_clock: Callable[[], float] | None = None,
     sync: Callable[[], None] | None = None,
 ) -> dict[str, float]:
     """Consume ``batches`` until ``limit`` samples have been seen; time what follows the warm-up.
 
-    The rate counts from the end of the first ``warmup`` batches (loader or pipeline start-up is
-    excluded for every contender alike) to the last batch; with ``warmup`` batches or fewer in
-    all, everything counts.
+    A steady-state window only (start-up excluded): for costs that grow with the dataset
+    (``bench_scale``) or runs capped below an epoch. Loader comparisons use :func:`time_epoch`,
+    whose epoch rate includes start-up. With ``warmup`` batches or fewer in all, everything
+    counts.
 
     Args:
         batches: The loader under test; samples per batch come from :func:`batch_size`.
         limit: Samples after which to stop (the batch that reaches it is the last).
         warmup: Batches not counted.
+        clock: Wall clock in seconds (injectable for tests).
         cpu_clock: A CPU-seconds clock; when given the result has ``cpu_seconds`` over the same
             span as ``seconds``.
-        sync: Called before each clock reading that ends a span (e.g. a CUDA synchronize, so the
-            device's queued work is counted).
+        sync: Called before each clock reading that ends a span (e.g. a CUDA synchronize).
 
     Returns:
         ``samples`` and ``seconds`` of the timed span, ``total_seconds`` from the first request
         (start-up included) and, with ``cpu_clock``, ``cpu_seconds``.
     """
-    n = seen = counted = 0
-    t0 = start = time.perf_counter()
-    cpu0 = cpu_start = cpu_clock() if cpu_clock is not None else 0.0
-    for batch in batches:
-        size = batch_size(batch)
-        seen += size
-        n += 1
-        if n == warmup:
-            if sync is not None:
-                sync()
-            start, counted = time.perf_counter(), 0
-            if cpu_clock is not None:
-                cpu_start = cpu_clock()
-        elif n > warmup:
-            counted += size
-        if seen >= limit:
-            break
-    if sync is not None:
-        sync()
-    end = time.perf_counter()
-    if n <= warmup:  # too few batches: count everything
-        counted, start, cpu_start = seen, t0, cpu0
-    result = {"samples": counted, "seconds": end - start, "total_seconds": end - t0}
+    r = _timed_loop(lambda: batches, limit, warmup, clock, cpu_clock, sync)
+    whole = r["steady_seconds"] == 0.0  # too few batches: count everything
+    result = {
+        "samples": r["samples"] if whole else r["steady_samples"],
+        "seconds": r["epoch_seconds"] if whole else r["steady_seconds"],
+        "total_seconds": r["epoch_seconds"],
+    }
     if cpu_clock is not None:
-        result["cpu_seconds"] = cpu_clock() - cpu_start
+        result["cpu_seconds"] = r["cpu_seconds"] if whole else r["steady_cpu_seconds"]
     return result
 
 
-def dali_batches(pipe: Any) -> Iterator[Any]:
-    """Endless ``(images, labels)`` torch CPU tensors from a built DALI pipeline with two outputs
-    (labels flattened to one dimension)."""
+def dali_batches(pipe: Any, samples: int | None = None) -> Iterator[Any]:
+    """``(images, labels)`` torch CPU tensors from a built DALI pipeline with two outputs (labels
+    flattened to one dimension).
+
+    Args:
+        pipe: The pipeline; ``pipe.run()`` is called once per batch.
+        samples: Stop after this many samples, the last batch cut to the rest (a reader that
+            wraps into the next epoch to fill its last batch delivers exactly one epoch);
+            ``None``: endless.
+    """
     import numpy as np
     import torch
 
-    while True:
+    left = samples
+    while left is None or left > 0:
         images, labels = pipe.run()
-        yield (
-            torch.from_numpy(np.array(images.as_tensor())),
-            torch.from_numpy(np.array(labels.as_tensor())).view(-1),
-        )
+        out_images = torch.from_numpy(np.array(images.as_tensor()))
+        out_labels = torch.from_numpy(np.array(labels.as_tensor())).view(-1)
+        if left is not None:
+            out_images, out_labels = out_images[:left], out_labels[:left]
+            left -= len(out_labels)
+        yield out_images, out_labels
 
 
 # ---- the parent: rounds, medians, ratios, tables ------------------------------------------------
@@ -225,13 +337,19 @@ def print_round(
     """Print one run's line: ``round N <label> <rate> <unit>``, or its error.
 
     The rate is ``result[amount] / result["seconds"] / scale`` (e.g. ``amount="bytes"``,
-    ``scale=1e6`` for MB/s).
+    ``scale=1e6`` for MB/s). A :func:`time_epoch` result adds its steady rate and first-batch time.
     """
     if "error" in result:
         print(f"  round {round_no} {label} ERROR {result['error']}", flush=True)
-    else:
-        rate = result[amount] / result["seconds"] / scale
-        print(f"  round {round_no} {label} {rate:9.0f} {unit}", flush=True)
+        return
+    rate = result[amount] / result["seconds"] / scale
+    line = f"  round {round_no} {label} {rate:9.0f} {unit}"
+    if "first_batch_seconds" in result:
+        steady = rate_of(result, "steady_samples", "steady_seconds")
+        line += (
+            f" epoch, {steady or 0:9.0f} steady, first batch {result['first_batch_seconds']:.2f} s"
+        )
+    print(line, flush=True)
 
 
 def ok_runs(runs: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -239,10 +357,34 @@ def ok_runs(runs: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [r for r in runs if "error" not in r and r["seconds"] > 0]
 
 
-def median_rate(runs: Iterable[Mapping[str, Any]], amount: str = "samples") -> float | None:
-    """Median over the successful runs of ``run[amount] / run["seconds"]``; ``None`` if none."""
-    rates = [r[amount] / r["seconds"] for r in ok_runs(runs)]
+def rate_of(
+    run: Mapping[str, Any], amount: str = "samples", seconds: str = "seconds"
+) -> float | None:
+    """``run[amount] / run[seconds]``; ``None`` for a failed run or a span of no time."""
+    if "error" in run or not run.get(seconds):
+        return None
+    return float(run[amount]) / float(run[seconds])
+
+
+def median_rate(
+    runs: Iterable[Mapping[str, Any]], amount: str = "samples", seconds: str = "seconds"
+) -> float | None:
+    """Median over the successful runs of ``run[amount] / run[seconds]`` (e.g.
+    ``"steady_samples", "steady_seconds"`` for a :func:`time_epoch` run's steady rate); ``None``
+    if no run has it."""
+    rates = [x for r in runs if (x := rate_of(r, amount, seconds)) is not None]
     return statistics.median(rates) if rates else None
+
+
+def median_of(runs: Iterable[Mapping[str, Any]], key: str, per: str | None = None) -> float | None:
+    """Median over the successful runs of ``run[key]`` (divided by ``run[per]`` when given, e.g.
+    ``"cpu_seconds", "samples"`` for CPU seconds per sample); ``None`` if no run has it."""
+    values = [
+        float(r[key]) / (float(r[per]) if per else 1.0)
+        for r in ok_runs(runs)
+        if r.get(key) is not None and (per is None or r.get(per))
+    ]
+    return statistics.median(values) if values else None
 
 
 def ratio(value: float | None, base: float | None) -> float | None:
