@@ -53,6 +53,7 @@ __all__ = [
     "rate_of",
     "ratio",
     "run_child",
+    "run_label",
     "status_kb",
     "time_batches",
     "time_epoch",
@@ -385,6 +386,13 @@ def median_of(runs: Iterable[Mapping[str, Any]], key: str, per: str | None = Non
         if r.get(key) is not None and (per is None or r.get(per))
     ]
     return statistics.median(values) if values else None
+
+
+def run_label(quick: bool, count: int, rounds: int | None = None) -> str:
+    """How a run names itself in its header, its last line and its JSON (``"label"``): a
+    ``--quick`` run says ``QUICK RUN`` (a check of the benchmark, not a result)."""
+    size = f"{count} images" + ("" if rounds is None else f", {rounds} rounds")
+    return f"QUICK RUN ({size}: not a result)" if quick else f"full epochs of {size}"
 
 
 def ratio(value: float | None, base: float | None) -> float | None:

@@ -46,6 +46,7 @@ from benchmarks._harness import (
     print_round,
     ratio,
     run_child,
+    run_label,
     time_epoch,
     tree_cpu_seconds,
     warm,
@@ -181,8 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     want = {w for w in args.only.split(",") if w}
     plan = [(name, spec) for name, spec in plan if not want or name in want]
     print(
-        f"bench_dali: {'QUICK RUN, ' if args.quick else ''}one epoch of {count} JPEGs per run"
-        f" at {folder}; {rounds} rounds, batch {BATCH}, {THREADS} threads;"
+        f"bench_dali: {run_label(args.quick, count, rounds)}, one epoch per run, at {folder};"
+        f" batch {BATCH}, {THREADS} threads;"
         f" {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
     )
     results: dict[str, list[dict[str, Any]]] = {}
@@ -192,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         res = run_child([*argv, json.dumps({**spec, "cfg": cfg})], timeout=900)
         results.setdefault(name, []).append(res)
         print_round(r, f"{name:28s}", res, unit="img/s")
-    label = f"QUICK RUN ({count} images: not a result)" if args.quick else f"{count} images"
+    label = run_label(args.quick, count, rounds)
     rates = {name: median_rate(runs) for name, runs in results.items()}
     steady = {n: median_rate(r, "steady_samples", "steady_seconds") for n, r in results.items()}
     first = {n: median_of(r, "first_batch_seconds") for n, r in results.items()}

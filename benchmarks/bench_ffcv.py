@@ -54,6 +54,7 @@ from benchmarks._harness import (
     ok_runs,
     print_round,
     run_child,
+    run_label,
     time_epoch,
     tree_cpu_seconds,
 )
@@ -275,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"wrote {beton} ({w['bytes'] / 1e6:.0f} MB, original JPEG bytes) in {w['seconds']:.1f} s:"
             f" {w['samples'] / w['seconds']:.0f} img/s with {WORKERS} writer processes"
         )
-    label = f"QUICK RUN ({count} images: not a result)" if args.quick else f"{count} images"
+    label = run_label(args.quick, count, rounds)
     report["quick"], report["label"] = args.quick, label
     print(
         f"ffcv train path: {label}, batch {BATCH}, {WORKERS} threads, epoch 2 timed whole;"

@@ -53,6 +53,7 @@ from benchmarks._harness import (
     print_round,
     ratio,
     run_child,
+    run_label,
 )
 from benchmarks._loader_children import CHILDREN, WORKERS, transforms_comparison
 from benchmarks.corpus import DEFAULT_ROOT, Corpus, ensure_corpus
@@ -204,11 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     folder = corpus.folder()
     nbytes = corpus.total_bytes()
     mean_kb = nbytes / count / 1e3
-    label = (
-        f"QUICK RUN ({count} images, {rounds} rounds: not a result)"
-        if quick
-        else f"full epochs of {count} images, {rounds} rounds"
-    )
+    label = run_label(quick, count, rounds)
     print(
         f"bench_loader: {label}; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}\n"
         f"corpus: {count} JPEGs, {nbytes / 1e6:.0f} MB, mean {mean_kb:.1f} KB at {folder}",
