@@ -12,10 +12,11 @@ caches and memory do not slow the next, and passes the result back on stdout:
 Around that protocol: the child-side measurement pieces (:func:`warm`; :func:`time_epoch`, which
 times one whole epoch from the loader's creation, first batch and steady span apart;
 :func:`time_batches`, a steady window only; :func:`dali_batches`; the process tree's CPU time and
-memory: :func:`tree_cpu_seconds`, :func:`tree_memory`), the round order (:func:`alternating`: ABAB, then BABA, so that drifting
-load on this shared machine hits every contender alike), per-round lines (:func:`print_round`),
-medians and ratios (:func:`median_rate`, :func:`ratio`, :func:`fmt_ratio`) and fixed-width tables
-(:class:`Table`).
+memory, :func:`tree_cpu_seconds` and :func:`tree_memory` from :mod:`benchmarks._proctree`), the
+round order (:func:`alternating`: ABAB, then BABA, so that drifting load on this shared machine
+hits every contender alike), per-round lines (:func:`print_round`), medians and ratios
+(:func:`median_rate`, :func:`median_of`, :func:`ratio`, :func:`fmt_ratio`), the label of a
+``--quick`` run (:func:`run_label`) and fixed-width tables (:class:`Table`).
 
 Only the standard library is imported at the top (torch, numpy inside the functions that need
 them): children run this module in other interpreters too (``.venv-bench``, an s3fs venv).

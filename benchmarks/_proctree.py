@@ -72,7 +72,9 @@ def tree_memory(pid: int | None = None) -> list[dict[str, Any]]:
     (``"main"``; ``"worker"`` for a forked child, whose command line is the parent's; else the
     child's program, e.g. multiprocessing's resource tracker), ``rss_kb``, ``anon_kb`` (RssAnon:
     private memory, where a leak shows) and ``pss_kb`` (shared pages divided among the processes
-    that map them: the fair share of shared memory and page cache).
+    that map them: the fair share of shared memory and page cache) and ``pss_file_kb`` (the part
+    of PSS from mapped files: shards, libraries; it shrinks when other processes on the machine
+    map the same files, so ``pss_kb - pss_file_kb`` is the figure that is the loader's own).
 
     RSS sums double-count pages the processes share (forked copy-on-write pages, shared-memory
     batches); PSS sums do not.
@@ -101,6 +103,7 @@ def tree_memory(pid: int | None = None) -> list[dict[str, Any]]:
                 "rss_kb": status_kb(p, "VmRSS"),
                 "anon_kb": status_kb(p, "RssAnon"),
                 "pss_kb": status_kb(p, "Pss", "smaps_rollup"),
+                "pss_file_kb": status_kb(p, "Pss_File", "smaps_rollup"),
             }
         )
     return out

@@ -13,7 +13,9 @@ Per process: **RSS** (``VmRSS``: counts every resident page it maps, so pages th
 share, such as forked copy-on-write memory, shared-memory batches and the mapped shards' page
 cache, are counted once per process), **PSS** (``Pss`` from ``/proc/PID/smaps_rollup``: shared
 pages divided among the processes that map them, so the tree's PSS adds up to what the loader
-really holds) and **anon** (``RssAnon``: private memory, where a leak shows). Reported per epoch
+really holds), **own** (PSS less ``Pss_File``, the mapped files' share: the shards' page cache is
+also divided with any other process on the machine that maps the same files, so PSS moves with
+them; ``own`` does not) and **anon** (``RssAnon``: private memory, where a leak shows). Reported per epoch
 and as the growth from epoch 2 to the last. **Goal: flat**: the anon growth of the main process
 and of each worker under ``bench_soak``'s bound (20 MB; exit 1 otherwise).
 
@@ -50,7 +52,7 @@ from benchmarks.corpus import ensure_corpus
 
 WORKERS = 2
 BATCH = {"bytes": 256, "train": 64}
-FIELDS = ("rss_kb", "pss_kb", "anon_kb")
+FIELDS = ("rss_kb", "pss_kb", "own_kb", "anon_kb")
 
 
 # ---- the child: one configuration, all its epochs -----------------------------------------------
@@ -116,6 +118,15 @@ def _by_role(rows: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[di
     return main, sorted((r for r in rows if r["role"] == "worker"), key=lambda r: r["pid"])
 
 
+def _kb(row: dict[str, Any] | None, field: str) -> int:
+    """A figure of a :func:`tree_memory` row; ``own_kb`` is PSS without the mapped files."""
+    if row is None:
+        return 0
+    if field == "own_kb":
+        return int(row["pss_kb"] - row.get("pss_file_kb", 0))
+    return int(row[field])
+
+
 def summarize(epochs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per-epoch MB figures and the growth from epoch 2 to the last (MB): ``main_*`` after the
     epoch, ``worker_*`` the largest worker mid-epoch, ``tree_pss`` the tree's PSS mid-epoch."""
@@ -126,8 +137,8 @@ def summarize(epochs: list[dict[str, Any]]) -> dict[str, Any]:
         row: dict[str, Any] = {"epoch": e["epoch"], "rate": e["rate"], "workers": len(mid_workers)}
         for f in FIELDS:
             name = f.removesuffix("_kb")
-            row[f"main_{name}"] = (main or {}).get(f, 0) / 1024
-            row[f"worker_{name}"] = [w[f] / 1024 for w in mid_workers]
+            row[f"main_{name}"] = _kb(main, f) / 1024
+            row[f"worker_{name}"] = [_kb(w, f) / 1024 for w in mid_workers]
         row["tree_pss"] = sum(r["pss_kb"] for r in e["mid"]) / 1024
         rows.append(row)
     growth: dict[str, float] = {}
@@ -151,14 +162,16 @@ def print_table(summary: dict[str, Any]) -> None:
         return "/".join(f"{v:.0f}" for v in values) or "-"
 
     print(
-        f"{'epoch':>5} {'main RSS':>8} {'main PSS':>8} {'main anon':>9} {'worker RSS':>11}"
-        f" {'worker PSS':>11} {'worker anon':>11} {'tree PSS':>8} {'img/s':>7}   (MB)"
+        f"{'epoch':>5} {'main RSS':>8} {'main PSS':>8} {'main own':>8} {'main anon':>9}"
+        f" {'worker RSS':>11} {'worker PSS':>11} {'worker own':>11} {'worker anon':>11}"
+        f" {'tree PSS':>8} {'img/s':>7}   (MB)"
     )
     for r in summary["epochs"]:
         print(
-            f"{r['epoch']:>5} {r['main_rss']:>8.0f} {r['main_pss']:>8.0f} {r['main_anon']:>9.0f}"
-            f" {each(r['worker_rss']):>11} {each(r['worker_pss']):>11}"
-            f" {each(r['worker_anon']):>11} {r['tree_pss']:>8.0f} {r['rate']:>7.0f}"
+            f"{r['epoch']:>5} {r['main_rss']:>8.0f} {r['main_pss']:>8.0f} {r['main_own']:>8.0f}"
+            f" {r['main_anon']:>9.0f} {each(r['worker_rss']):>11} {each(r['worker_pss']):>11}"
+            f" {each(r['worker_own']):>11} {each(r['worker_anon']):>11} {r['tree_pss']:>8.0f}"
+            f" {r['rate']:>7.0f}"
         )
     g = summary["growth_from_epoch_2"]
     if g:

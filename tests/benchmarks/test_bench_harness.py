@@ -225,6 +225,7 @@ def test_process_tree_sampling_sees_a_child_and_its_memory() -> None:
                 assert row["rss_kb"] > 1000  # a Python interpreter: megabytes
                 assert 0 < row["pss_kb"] <= row["rss_kb"]
                 assert 0 < row["anon_kb"] <= row["rss_kb"]
+                assert 0 < row["pss_file_kb"] < row["pss_kb"]  # the interpreter's own code
             own = time.process_time()
             assert tree_cpu_seconds() >= own  # this process's threads, plus the child's share
         finally:

@@ -40,6 +40,7 @@ def test_child_samples_main_and_both_workers_every_epoch(tiny_wds: str, persiste
         for r in e["mid"]:
             assert r["rss_kb"] > 10_000  # a Python interpreter with torch: tens of MB
             assert 0 < r["pss_kb"] <= r["rss_kb"]
+            assert 0 <= r["pss_file_kb"] < r["pss_kb"]
         assert e["rate"] > 0
     pids = [sorted(r["pid"] for r in e["mid"] if r["role"] == "worker") for e in epochs]
     if persistent:
@@ -49,13 +50,15 @@ def test_child_samples_main_and_both_workers_every_epoch(tiny_wds: str, persiste
     summary = summarize(epochs)
     assert [r["workers"] for r in summary["epochs"]] == [2, 2, 2]
     assert set(summary["growth_from_epoch_2"]) == {
-        "main_rss", "main_pss", "main_anon", "worker_rss", "worker_pss", "worker_anon", "tree_pss"
+        "main_rss", "main_pss", "main_own", "main_anon",
+        "worker_rss", "worker_pss", "worker_own", "worker_anon", "tree_pss"
     }  # fmt: skip
 
 
 def _sample(epoch: int, main_kb: int, workers_kb: list[int]) -> dict[str, Any]:
     def row(pid: int, role: str, kb: int) -> dict[str, Any]:
-        return {"pid": pid, "role": role, "rss_kb": kb, "pss_kb": kb // 2, "anon_kb": kb // 4}
+        pss = {"pss_kb": kb // 2, "pss_file_kb": kb // 8}
+        return {"pid": pid, "role": role, "rss_kb": kb, "anon_kb": kb // 4, **pss}
 
     mid = [row(1, "main", main_kb)] + [row(10 + i, "worker", kb) for i, kb in enumerate(workers_kb)]
     mid.append(row(99, "python resource_tracker", 4096))  # neither main nor a worker
@@ -75,9 +78,11 @@ def test_summarize_reports_megabytes_and_growth_from_epoch_2() -> None:
     assert first["main_pss"] == 50.0
     assert first["worker_rss"] == [400.0, 300.0]
     assert first["worker_anon"] == [100.0, 75.0]
+    assert first["worker_own"] == [150.0, 112.5]  # PSS less the mapped files' share
     assert first["tree_pss"] == (100 + 400 + 300 + 4) / 2  # every process of the tree
     g = s["growth_from_epoch_2"]
     assert g["main_rss"] == 8.0  # epoch 2 -> 4, not epoch 1 -> 4
     assert g["worker_rss"] == 40.0  # the larger of the two workers' growth
     assert g["worker_pss"] == 20.0
+    assert g["worker_own"] == 15.0
     assert g["tree_pss"] == (8 + 8 + 40) / 2
