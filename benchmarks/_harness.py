@@ -29,6 +29,7 @@ import os
 import statistics
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,14 +37,17 @@ from typing import Any, TypeVar
 from benchmarks._proctree import child_pids, status_kb, tree_cpu_seconds, tree_memory
 
 __all__ = [
+    "EpochError",
     "PEERS_PYTHON",
     "REPO",
     "RESULT_PREFIX",
     "Table",
-    "EpochShortError",
     "alternating",
+    "batch_labels",
     "batch_size",
+    "check_labels",
     "child_pids",
+    "counting_labels",
     "dali_batches",
     "emit_result",
     "fmt_ratio",
@@ -139,15 +143,48 @@ def warm(paths: Iterable[str | os.PathLike[str]]) -> int:
     return total
 
 
+def batch_labels(batch: Any) -> Any:
+    """A batch's labels: the last element of a tuple or list batch, or the ``"cls"`` field of a
+    dict batch (a tensor, an array or a list)."""
+    return batch[-1] if isinstance(batch, (tuple, list)) else batch["cls"]
+
+
 def batch_size(batch: Any) -> int:
-    """Samples in a batch: the length of its labels, the last element of a tuple or list batch,
-    or the ``"cls"`` field of a dict batch."""
-    labels = batch[-1] if isinstance(batch, (tuple, list)) else batch["cls"]
-    return len(labels)
+    """Samples in a batch: the length of its labels (:func:`batch_labels`)."""
+    return len(batch_labels(batch))
 
 
-class EpochShortError(RuntimeError):
-    """A loader's epoch ended before it delivered the samples the benchmark expected."""
+def counting_labels(
+    make: Callable[[], Iterable[Any]], counts: Counter[int]
+) -> Callable[[], Iterator[Any]]:
+    """``make`` for :func:`time_epoch`, wrapped so that the labels of every batch it yields are
+    added to ``counts`` (the loader is still created inside the timed span). Costs a ``tolist``
+    per batch in the consuming process, as a training loop's use of the labels would."""
+
+    def batches() -> Iterator[Any]:
+        for batch in make():
+            labels = batch_labels(batch)
+            counts.update(labels.tolist() if hasattr(labels, "tolist") else list(labels))
+            yield batch
+
+    return batches
+
+
+def check_labels(counts: Counter[int], expected: Counter[int], name: str = "the loader") -> None:
+    """Raise :class:`EpochError` unless the labels an epoch delivered (``counts``, from
+    :func:`counting_labels`) are those of the corpus (``expected``): with the W1 corpus's labels
+    (``i % 100``) a sample dropped, repeated or read twice shows as a class count off."""
+    if counts != expected:
+        off = sorted(k for k in set(counts) | set(expected) if counts[k] != expected[k])
+        detail = ", ".join(f"class {k}: {counts[k]} not {expected[k]}" for k in off[:5])
+        raise EpochError(
+            f"{name}'s epoch did not deliver every sample once: {len(off)} classes off ({detail})"
+        )
+
+
+class EpochError(RuntimeError):
+    """A loader's epoch did not deliver every sample of the corpus exactly once (too few samples,
+    or labels counted that do not match the corpus's)."""
 
 
 def time_epoch(
@@ -171,7 +208,7 @@ def time_epoch(
             :func:`batch_size`.
         samples: The epoch's size: iteration stops at the batch that reaches it (a loader that
             repeats samples to fill its last batch or a DALI pipeline that never ends stops
-            there), and a loader that ends before it raises :class:`EpochShortError`.
+            there), and a loader that ends before it raises :class:`EpochError`.
             ``None``: until the loader is exhausted.
         warmup: Batches before the steady span (the steady span starts when batch ``warmup``
             has arrived and counts the batches after it).
@@ -189,11 +226,11 @@ def time_epoch(
         ``cpu_seconds`` and ``steady_cpu_seconds``.
 
     Raises:
-        EpochShortError: ``samples`` was given and the loader delivered fewer.
+        EpochError: ``samples`` was given and the loader delivered fewer.
     """
     result = _timed_loop(make, samples, warmup, clock, cpu_clock, sync)
     if samples is not None and result["samples"] < samples:
-        raise EpochShortError(
+        raise EpochError(
             f"the epoch delivered {result['samples']:.0f} samples in {result['batches']:.0f}"
             f" batches, expected {samples}: the loader drops or loses samples"
         )

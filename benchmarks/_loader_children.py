@@ -18,13 +18,21 @@ from __future__ import annotations
 
 import io
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks._harness import dali_batches, time_epoch, tree_cpu_seconds, warm
+from benchmarks._harness import (
+    check_labels,
+    counting_labels,
+    dali_batches,
+    time_epoch,
+    tree_cpu_seconds,
+    warm,
+)
 from benchmarks.corpus import Corpus, FileBytes
 
 MEAN = (0.485, 0.456, 0.406)
@@ -95,12 +103,21 @@ def _wds_train(sample: dict[str, Any]) -> tuple[Any, int]:
 def _measure(make: Callable[[], Iterable[Any]], cfg: dict[str, Any]) -> dict[str, float]:
     """Time one whole epoch of the loader ``make()`` creates (:func:`time_epoch`: creation to the
     last of ``cfg["count"]`` samples, first batch, steady span after batch 2), with the CPU time
-    of this process and its workers; this process's torch runs on one thread (the loader's
-    workers or threads do the work)."""
+    of this process and its workers, and check that it delivered every sample once (its labels
+    are the corpus's); this process's torch runs on one thread (the loader's workers or threads
+    do the work)."""
     import torch
 
     torch.set_num_threads(1)
-    return time_epoch(make, cfg["count"], cpu_clock=tree_cpu_seconds)
+    counts: Counter[int] = Counter()
+    result = time_epoch(counting_labels(make, counts), cfg["count"], cpu_clock=tree_cpu_seconds)
+    check_labels(counts, corpus_labels(cfg))
+    return result
+
+
+def corpus_labels(cfg: dict[str, Any]) -> Counter[int]:
+    """How many samples of each label one epoch of the corpus holds."""
+    return Counter(label for _, label in Corpus(Path(cfg["root"]), cfg["count"]).files())
 
 
 def _shards(cfg: dict[str, Any]) -> list[str]:

@@ -31,6 +31,7 @@ import json
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,8 @@ from typing import Any
 from benchmarks._harness import (
     Table,
     alternating,
+    check_labels,
+    counting_labels,
     dali_batches,
     emit_result,
     fmt_ratio,
@@ -51,6 +54,7 @@ from benchmarks._harness import (
     tree_cpu_seconds,
     warm,
 )
+from benchmarks._loader_children import corpus_labels
 from benchmarks.corpus import ensure_corpus
 
 THREADS = 2
@@ -61,8 +65,12 @@ BATCH = 64
 
 
 def _epoch(make: Callable[[], Iterable[Any]], cfg: dict[str, Any]) -> dict[str, float]:
-    """One epoch of ``cfg["count"]`` samples, with the CPU time of the process tree."""
-    return time_epoch(make, cfg["count"], cpu_clock=tree_cpu_seconds)
+    """One epoch of ``cfg["count"]`` samples, with the CPU time of the process tree; every
+    sample once (the labels are the corpus's)."""
+    counts: Counter[int] = Counter()
+    result = time_epoch(counting_labels(make, counts), cfg["count"], cpu_clock=tree_cpu_seconds)
+    check_labels(counts, corpus_labels(cfg))
+    return result
 
 
 def child_fastload_dali(cfg: dict[str, Any], reader: str, py_workers: int) -> dict[str, float]:
@@ -167,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     corpus = ensure_corpus(count)
     folder = corpus.folder()
     wds = corpus.webdataset(shards=16, workers=THREADS)
-    cfg = {"folder": str(folder), "wds": str(wds), "count": count}
+    cfg = {"root": str(corpus.root), "folder": str(folder), "wds": str(wds), "count": count}
     plan: list[tuple[str, dict[str, Any]]] = [
         ("dali-file", {"kind": "dali-file"}),
         ("fastload-dali-external", {"kind": "fastload-dali-external", "py_workers": 1}),

@@ -40,6 +40,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,8 @@ from benchmarks._harness import (
     PEERS_PYTHON,
     REPO,
     Table,
+    check_labels,
+    counting_labels,
     emit_result,
     median_of,
     median_rate,
@@ -58,6 +61,7 @@ from benchmarks._harness import (
     time_epoch,
     tree_cpu_seconds,
 )
+from benchmarks._loader_children import corpus_labels
 from benchmarks.corpus import Corpus, FileBytes, ensure_corpus
 
 MEAN = (0.485, 0.456, 0.406)
@@ -177,7 +181,11 @@ def _child_train(spec: dict[str, Any]) -> dict[str, Any]:
             checksum[0] += float(images[0, 0, 112, 112])  # touch the data as a consumer would
             yield images, labels
 
-    result: dict[str, Any] = time_epoch(epoch2, spec["count"], cpu_clock=tree_cpu_seconds)
+    counts: Counter[int] = Counter()
+    result: dict[str, Any] = time_epoch(
+        counting_labels(epoch2, counts), spec["count"], cpu_clock=tree_cpu_seconds
+    )
+    check_labels(counts, corpus_labels(spec), "ffcv")
     result.update(
         {
             "epoch1_samples": first,

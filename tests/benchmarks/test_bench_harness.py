@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -22,8 +23,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks._harness import (
-    EpochShortError,
+    EpochError,
+    check_labels,
     child_pids,
+    counting_labels,
     dali_batches,
     median_of,
     median_rate,
@@ -130,7 +133,7 @@ def test_time_epoch_stops_at_the_epoch_size_when_a_loader_pads_or_never_ends() -
 
 def test_time_epoch_fails_a_loader_that_loses_samples() -> None:
     clock = FakeClock()
-    with pytest.raises(EpochShortError, match=r"delivered 128 samples in 2 batches, expected 130"):
+    with pytest.raises(EpochError, match=r"delivered 128 samples in 2 batches, expected 130"):
         time_epoch(fake_loader(clock, 0.0, [(64, 0.5), (64, 0.5)], []), 130, clock=clock)
 
 
@@ -231,3 +234,24 @@ def test_process_tree_sampling_sees_a_child_and_its_memory() -> None:
         finally:
             proc.kill()
     assert proc.pid not in child_pids(os.getpid())
+
+
+def test_counting_labels_sees_every_batch_and_check_labels_names_what_is_off() -> None:
+    clock = FakeClock()
+    # labels 0..9 as a W1-like corpus: label = i % 5
+    batches = [(None, np.array([0, 1, 2, 3])), (None, [4, 0, 1, 2]), (None, np.array([3, 4]))]
+
+    def make() -> Iterator[Any]:
+        clock.now += 1.0
+        return iter(batches)
+
+    counts: Counter[int] = Counter()
+    r = time_epoch(counting_labels(make, counts), 10, clock=clock)
+    assert r["first_batch_seconds"] == 1.0  # creation still inside the timed span
+    expected = Counter(i % 5 for i in range(10))
+    assert counts == expected
+    check_labels(counts, expected)  # every sample once: no error
+    counts[3] += 1  # a sample delivered twice ...
+    counts[4] -= 1  # ... and one dropped: the count alone would not notice
+    with pytest.raises(EpochError, match=r"2 classes off \(class 3: 3 not 2, class 4: 1 not 2\)"):
+        check_labels(counts, expected, "peer")
