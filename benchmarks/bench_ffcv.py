@@ -18,8 +18,10 @@ What is measured, with the same settings as ``bench_loader``'s train workload:
   defaults scale=(0.08, 1), ratio=(3/4, 4/3)) + ``RandomHorizontalFlip`` + ``NormalizeImage``
   (ImageNet mean/std, to float32) + ``ToTensor`` + ``ToTorchImage``: a float32 batch of
   64 x 3 x 224 x 224 (a channels-last view, as FFCV hands it to a model). Epoch 1 is untimed: it
-  includes numba's compilation of the pipeline (~9 s). Epoch 2 is timed after 2 warm-up batches,
-  like every loader of ``bench_loader``; the process CPU time over epoch 2 gives CPU-ms per image.
+  includes numba's compilation of the pipeline (~9 s). Epoch 2 is timed whole (every image once,
+  ``drop_last=False``), from its ``iter()`` to its last batch, like every loader of
+  ``bench_loader``: epoch rate, steady rate after batch 2, first-batch time, and the process's
+  CPU time (all threads) per image. ``--quick`` (2,000 images) is labelled ``QUICK RUN``.
 
 Each round runs in a fresh process of the peers' interpreter (``$FASTLOAD_PEERS_PYTHON``, default
 ``<repo>/.venv-bench/bin/python``), the .beton warm in the page cache; the report is the median over
@@ -35,23 +37,37 @@ import argparse
 import io
 import json
 import os
-import resource
-import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._harness import PEERS_PYTHON, REPO, Table, emit_result, ok_runs, run_child
+from benchmarks._harness import (
+    PEERS_PYTHON,
+    REPO,
+    Table,
+    check_labels,
+    counting_labels,
+    emit_result,
+    median_of,
+    median_rate,
+    ok_runs,
+    print_round,
+    run_child,
+    run_label,
+    time_epoch,
+    tree_cpu_seconds,
+)
+from benchmarks._loader_children import corpus_labels
 from benchmarks.corpus import Corpus, FileBytes, ensure_corpus
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 BATCH = 64
 WORKERS = 2
-WARMUP_BATCHES = 2
 
 # ---------------------------------------------------------------------------------------------
 # Child side (runs in the peers' interpreter, where ffcv imports)
@@ -106,11 +122,6 @@ def _child_write(spec: dict[str, Any]) -> dict[str, Any]:
     return {"seconds": seconds, "samples": corpus.count, "bytes": out.stat().st_size}
 
 
-def _cpu_seconds() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)  # every thread of this process
-    return r.ru_utime + r.ru_stime
-
-
 def _child_train(spec: dict[str, Any]) -> dict[str, Any]:
     import cv2
     import ffcv
@@ -136,7 +147,7 @@ def _child_train(spec: dict[str, Any]) -> dict[str, Any]:
         num_workers=WORKERS,
         order=OrderOption.RANDOM,
         os_cache=True,
-        drop_last=True,
+        drop_last=False,  # every image once per epoch, like every bench_loader loader
         custom_fields={"image": _jpeg_field_class()},
         pipelines={
             "image": [
@@ -160,36 +171,33 @@ def _child_train(spec: dict[str, Any]) -> dict[str, Any]:
                 raise RuntimeError(f"unexpected batch: images {shape}, labels {list(labels.shape)}")
         first += images.shape[0]
     epoch1 = time.perf_counter() - t0
+    if first != spec["count"]:
+        raise RuntimeError(f"epoch 1 delivered {first} images, not {spec['count']}")
 
-    n = 0
-    batches = 0
-    t_iter = time.perf_counter()
-    cpu_start = _cpu_seconds()
-    start = t_iter
-    checksum = 0.0
-    for images, _labels in loader:
-        batches += 1
-        if batches == WARMUP_BATCHES:
-            start, cpu_start = time.perf_counter(), _cpu_seconds()
-        elif batches > WARMUP_BATCHES:
-            n += images.shape[0]
-        checksum += float(images[0, 0, 112, 112])  # touch the data as a consumer would
-    end = time.perf_counter()
-    cpu = _cpu_seconds() - cpu_start
-    return {
-        "samples": n,
-        "seconds": end - start,
-        "cpu_seconds": cpu,
-        "epoch2_samples": batches * BATCH,
-        "epoch2_seconds": end - t_iter,
-        "epoch1_samples": first,
-        "epoch1_seconds": epoch1,
-        "shape": shape,
-        "dtype": dtype,
-        "checksum": checksum,
-        "ffcv": getattr(ffcv, "__version__", ""),
-        "cv2_threads": cv2.getNumThreads(),
-    }
+    checksum = [0.0]
+
+    def epoch2() -> Any:
+        for images, labels in loader:  # iter(loader) starts the epoch: counted
+            checksum[0] += float(images[0, 0, 112, 112])  # touch the data as a consumer would
+            yield images, labels
+
+    counts: Counter[int] = Counter()
+    result: dict[str, Any] = time_epoch(
+        counting_labels(epoch2, counts), spec["count"], cpu_clock=tree_cpu_seconds
+    )
+    check_labels(counts, corpus_labels(spec), "ffcv")
+    result.update(
+        {
+            "epoch1_samples": first,
+            "epoch1_seconds": epoch1,
+            "shape": shape,
+            "dtype": dtype,
+            "checksum": checksum[0],
+            "ffcv": getattr(ffcv, "__version__", ""),
+            "cv2_threads": cv2.getNumThreads(),
+        }
+    )
+    return result
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rounds": rounds,
             "batch": BATCH,
             "workers": WORKERS,
-            "warmup_batches": WARMUP_BATCHES,
+            "timing": "epoch 2 whole, from iter() to the last batch; steady after batch 2",
             "python": PEERS_PYTHON,
         },
         "skipped": None,
@@ -276,45 +284,68 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"wrote {beton} ({w['bytes'] / 1e6:.0f} MB, original JPEG bytes) in {w['seconds']:.1f} s:"
             f" {w['samples'] / w['seconds']:.0f} img/s with {WORKERS} writer processes"
         )
+    label = run_label(args.quick, count, rounds)
+    report["quick"], report["label"] = args.quick, label
     print(
-        f"ffcv train path: {count} images, batch {BATCH}, {WORKERS} threads, epoch 2 timed;"
+        f"ffcv train path: {label}, batch {BATCH}, {WORKERS} threads, epoch 2 timed whole;"
         f" {rounds} rounds, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
     )
     runs: list[dict[str, Any]] = []
     for r in range(rounds):
         res = _run_child("train", spec, timeout=900)
         runs.append(res)
-        if "error" in res:
-            print(f"  round {r + 1}: ERROR {res['error']}")
-            continue
-        print(
-            f"  round {r + 1}: {res['samples'] / res['seconds']:7.0f} img/s epoch 2"
-            f" ({res['cpu_seconds'] * 1e3 / res['samples']:.2f} CPU-ms/img),"
-            f" epoch 1 {res['epoch1_seconds']:.1f} s (with numba compilation)",
-            flush=True,
-        )
+        print_round(r + 1, "ffcv epoch 2", res, unit="img/s")
+        if "error" not in res:
+            print(f"    epoch 1 {res['epoch1_seconds']:.1f} s (with numba compilation)", flush=True)
     report["runs"] = runs
     ok = ok_runs(runs)
     if not ok:
         report["skipped"] = f"every round failed: {runs[-1].get('error')}"
         print(f"ffcv: {report['skipped']}")
         return finish(1)
-    rate = statistics.median(x["samples"] / x["seconds"] for x in ok)
-    cpu_ms = statistics.median(x["cpu_seconds"] * 1e3 / x["samples"] for x in ok)
-    epoch1 = statistics.median(x["epoch1_seconds"] for x in ok)
+    rate = median_rate(ok)
+    steady = median_rate(ok, "steady_samples", "steady_seconds")
+    first = median_of(ok, "first_batch_seconds")
+    cpu_ms = 1e3 * (median_of(ok, "cpu_seconds", "samples") or 0.0)
+    epoch1 = median_of(ok, "epoch1_seconds")
     report.update(
         {
             "img_per_s": rate,
+            "steady_img_per_s": steady,
+            "first_batch_seconds": first,
             "cpu_ms_per_img": cpu_ms,
             "epoch1_seconds": epoch1,
             # the shape of bench_loader's report, so the two tables merge by key
-            "workloads": {"train": {"rates": {"ffcv": rate}}},
+            "workloads": {
+                "train": {
+                    "rates": {"ffcv": rate},
+                    "steady_rates": {"ffcv": steady},
+                    "first_batch_seconds": {"ffcv": first},
+                    "cpu_us_per_sample": {"ffcv": cpu_ms * 1e3},
+                }
+            },
         }
     )
-    print(f"\n== train, ffcv (median of {len(ok)} rounds) ==")
-    table = Table(("loader", 22), ("img/s", 8), ("CPU-ms/img", 11), ("epoch 1 s", 10))
+    print(f"\n== train, ffcv: epoch 2, median of {len(ok)} rounds; {label} ==")
+    table = Table(
+        ("loader", 22),
+        ("epoch/s", 8),
+        ("steady/s", 8),
+        ("1st batch s", 11),
+        ("CPU ms/img", 10),
+        ("epoch 1 s", 10),
+    )
     print(table.header())
-    print(table.row("ffcv", f"{rate:.0f}", f"{cpu_ms:.2f}", f"{epoch1:.1f}"))
+    print(
+        table.row(
+            "ffcv",
+            f"{rate or 0:.0f}",
+            f"{steady or 0:.0f}",
+            f"{first or 0:.2f}",
+            f"{cpu_ms:.2f}",
+            f"{epoch1 or 0:.1f}",
+        )
+    )
     return finish(0)
 
 

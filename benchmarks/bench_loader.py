@@ -15,11 +15,17 @@ Two workloads, 2 loader workers each (see issue 5 and /work/shared/BENCHMARKS.md
   Reference: the single-core decode+augment rate of fastload's fused transform, x 2 (the 2-core
   limit), measured in the same run.
 
-Every measurement runs in a fresh subprocess; loaders alternate round by round (this machine is
-shared and varies); the report gives medians and ratios, and the CPU time per sample of the
-loader process plus its workers (steadier than wall time when other jobs share the cores). Data are in the warm page cache (each
-child reads its data once before timing). Throughput is counted from the end of the warm-up
-batches to the last batch, so worker start-up is excluded for every loader alike.
+**Every loader runs one whole epoch of the corpus** (10,000 images by default; ``--quick`` 2,000,
+and then its header and JSON say ``QUICK RUN``) in a fresh subprocess (children:
+:mod:`benchmarks._loader_children`), data in the warm page cache. Reported per loader, medians
+over rounds: the **epoch rate** (samples over the time from the loader's creation to its last
+batch: start-up included, what a training job gets), the **steady rate** (after batch 2), the
+**first-batch time**, and the **CPU time per sample** of the loader process and its workers over
+the epoch (steadier than wall time when other jobs share the cores). Ratios are on the epoch rate,
+with the steady-rate ratio beside the goal ratios. Loaders alternate round by round (ABAB, BABA).
+The train workload's slow PIL peers (webdataset, litdata, mosaic + PIL: ~400 img/s, 25 s an epoch
+each) run ``--pil-rounds`` rounds (default 1) so that the default run fits in ~15 minutes on
+2 cores; torch + PIL, the PIL baseline, runs every round.
 
 Run: ``.venv/bin/python -m benchmarks.bench_loader [--quick] [--json PATH]``.
 """
@@ -27,410 +33,40 @@ Run: ``.venv/bin/python -m benchmarks.bench_loader [--quick] [--json PATH]``.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
-import resource
-import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from benchmarks._harness import (
     PEERS_PYTHON,
     REPO,
     Table,
     alternating,
-    dali_batches,
-    emit_result,
     fmt_ratio,
+    median_of,
     median_rate,
-    ok_runs,
     print_round,
     ratio,
     run_child,
-    time_batches,
-    warm,
+    run_label,
 )
-from benchmarks.corpus import DEFAULT_ROOT, Corpus, FileBytes, ensure_corpus
+from benchmarks._loader_children import CHILDREN, WORKERS, transforms_comparison
+from benchmarks.corpus import DEFAULT_ROOT, Corpus, ensure_corpus
 
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
-WORKERS = 2
 #: Loader kinds that run in the peers' interpreter (they do not install beside fastload).
 PEER_KINDS = frozenset({"litdata", "mosaic"})
 #: The train workload's peers that decode with PIL ("vs best PIL peer").
 PIL_PEERS = ("torch", "webdataset", "litdata", "mosaic")
+#: The slow PIL peers that run ``--pil-rounds`` rounds in the train workload.
+SLOW_PIL_PEERS = frozenset({"webdataset", "litdata", "mosaic"})
 
 # ---------------------------------------------------------------------------------------------
-# Shared pieces used inside the child processes (module level so that workers can pickle them)
-# ---------------------------------------------------------------------------------------------
-
-
-def pil_train(data: bytes, rng: np.random.Generator | None = None) -> Any:
-    """The usual PIL training transform (what torchvision's RandomResizedCrop + flip + ToTensor +
-    Normalize do in PIL mode): decode, crop, resize bilinear, flip, float CHW normalized."""
-    import torch
-    from PIL import Image
-
-    from fastload.loader.transforms import random_resized_crop_box
-
-    rng = rng if rng is not None else np.random.default_rng()
-    img = Image.open(io.BytesIO(data)).convert("RGB")
-    top, left, h, w = random_resized_crop_box(img.height, img.width, rng)
-    img = img.crop((left, top, left + w, top + h)).resize((224, 224), Image.Resampling.BILINEAR)
-    if rng.random() < 0.5:
-        img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    t = torch.from_numpy(np.array(img)).permute(2, 0, 1).float().div_(255.0)
-    mean = torch.tensor(MEAN).view(3, 1, 1)
-    std = torch.tensor(STD).view(3, 1, 1)
-    return (t - mean) / std
-
-
-class FileTrain(FileBytes):
-    """Loose files + :func:`pil_train`: ``(float CHW tensor, label)``."""
-
-    def __getitem__(self, i: int) -> tuple[Any, int]:  # type: ignore[override]
-        data, label = super().__getitem__(i)
-        return pil_train(data), label
-
-
-def bytes_as_list(samples: list[tuple[bytes, int]]) -> tuple[list[bytes], Any]:
-    """Collate ``(bytes, label)`` samples into a list of ``bytes`` + labels: what fastload's
-    default collation gave before byte fields became one :class:`~fastload.loader.PackedBytes`
-    buffer (each ``bytes`` object is then pickled through the worker's pipe, as with the peers)."""
-    import torch
-
-    return [s[0] for s in samples], torch.tensor([s[1] for s in samples], dtype=torch.int64)
-
-
-def _as_workload(data: bytes, label: Any, workload: str) -> tuple[Any, int]:
-    """A peer's sample as the workload wants it: ``(bytes, label)`` for ``bytes``, else
-    ``(pil_train(bytes), label)``."""
-    return (data if workload == "bytes" else pil_train(data)), int(label)
-
-
-def _wds_label(sample: dict[str, Any]) -> tuple[bytes, int]:
-    return sample["jpg"], int(sample["cls"])
-
-
-def _wds_train(sample: dict[str, Any]) -> tuple[Any, int]:
-    return pil_train(sample["jpg"]), int(sample["cls"])
-
-
-def _cpu_seconds() -> float:
-    """CPU seconds used so far by this process (all threads), its live child processes (loader
-    workers) and its reaped children. Differences of it are the loader's whole CPU cost, which
-    varies much less than wall time on a shared machine."""
-    total = time.process_time()
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    total += ru.ru_utime + ru.ru_stime
-    me, tick = os.getpid(), os.sysconf("SC_CLK_TCK")
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == me:  # fields[1] is the parent pid; [11], [12] utime, stime
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
-
-
-# ---------------------------------------------------------------------------------------------
-# Children: one loader measurement each
-# ---------------------------------------------------------------------------------------------
-
-
-def _measure(batches: Iterable[Any], cfg: dict[str, Any]) -> dict[str, float]:
-    """Time ``batches`` up to ``cfg["limit"]`` samples (see :func:`time_batches`), CPU time of
-    this process and its workers included; this process's torch runs on one thread (the
-    loader's workers or threads do the work)."""
-    import torch
-
-    torch.set_num_threads(1)
-    return time_batches(batches, cfg["limit"], cpu_clock=_cpu_seconds)
-
-
-def _shards(cfg: dict[str, Any]) -> list[str]:
-    root = Path(cfg["wds"])
-    return sorted(str(p) for p in root.glob("*.tar"))
-
-
-def child_pagecache(cfg: dict[str, Any]) -> dict[str, float]:
-    paths = _shards(cfg)
-    warm(paths)
-    t0 = time.perf_counter()
-    total = warm(paths)
-    dt = time.perf_counter() - t0
-    return {"bytes": total, "seconds": dt, "samples": cfg["count"]}
-
-
-def child_fastload(cfg: dict[str, Any], workload: str, variant: str = "") -> dict[str, float]:
-    import fastload.loader as fl
-    from fastload.loader.decode import Decoder
-    from fastload.loader.transforms import ImageTrainTransform
-
-    warm(_shards(cfg))
-    batch = cfg["batch"]
-    collate: Callable[..., Any] | None = None
-    finish: Callable[[Any], Any] | None = None
-    if workload == "bytes":
-        ds = fl.open_dataset(
-            cfg["wds"], seed=0, decode=Decoder(image="bytes"), fields=("jpg", "cls")
-        )
-        if variant == "list":
-            collate = bytes_as_list
-    else:
-        # The fused transform runs as the decoder: corrupt images then follow on_error.
-        tf = ImageTrainTransform(normalize_on="sample" if variant == "float" else "batch")
-        ds = fl.open_dataset(cfg["wds"], seed=0, decode=Decoder(image=tf), fields=("jpg", "cls"))
-        finish = tf.batch_transform
-    loader = fl.DataLoader(ds, batch_size=batch, num_workers=WORKERS, collate_fn=collate)
-
-    def batches() -> Iterable[Any]:
-        for batch in loader:
-            if finish is not None:
-                batch = (finish(batch[0]), batch[1])
-            yield batch
-
-    return _measure(batches(), cfg)
-
-
-def child_torch(cfg: dict[str, Any], workload: str) -> dict[str, float]:
-    from torch.utils.data import DataLoader
-
-    corpus = Corpus(Path(cfg["root"]), cfg["count"])
-    files = corpus.files()
-    warm(p for p, _ in files)
-    ds = FileBytes(files) if workload == "bytes" else FileTrain(files)
-    loader = DataLoader(ds, batch_size=cfg["batch"], shuffle=True, num_workers=WORKERS)
-    return _measure(loader, cfg)
-
-
-def child_webdataset(cfg: dict[str, Any], workload: str) -> dict[str, float]:
-    import webdataset as wds
-
-    shards = _shards(cfg)
-    warm(shards)
-    fn = _wds_label if workload == "bytes" else _wds_train
-    ds = (
-        wds.WebDataset(shards, shardshuffle=len(shards), empty_check=False)
-        .shuffle(1000)
-        .map(fn)
-        .batched(cfg["batch"], partial=True)
-    )
-    loader = wds.WebLoader(ds, batch_size=None, num_workers=WORKERS)
-    return _measure(loader, cfg)
-
-
-def child_litdata(cfg: dict[str, Any], workload: str) -> dict[str, float]:
-    import litdata
-
-    class LitDS(litdata.StreamingDataset):  # type: ignore[misc]
-        def __getitem__(self, index: Any) -> Any:
-            s = super().__getitem__(index)
-            # litdata yields memoryviews, which workers cannot pickle
-            return _as_workload(bytes(s["jpg"]), s["cls"], workload)
-
-    warm(str(p) for p in Path(cfg["litdata"]).glob("*"))
-    ds = LitDS(input_dir=cfg["litdata"], shuffle=True, seed=0)
-    loader = litdata.StreamingDataLoader(ds, batch_size=cfg["batch"], num_workers=WORKERS)
-    return _measure(loader, cfg)
-
-
-def child_mosaic(cfg: dict[str, Any], workload: str) -> dict[str, float]:
-    import streaming
-    from torch.utils.data import DataLoader
-
-    class MdsDS(streaming.StreamingDataset):  # type: ignore[misc]
-        def __getitem__(self, index: Any) -> Any:
-            s = super().__getitem__(index)
-            return _as_workload(s["jpg"], s["cls"], workload)
-
-    warm(str(p) for p in Path(cfg["mds"]).glob("*"))
-    streaming.base.util.clean_stale_shared_memory()
-    ds = MdsDS(local=cfg["mds"], shuffle=True, shuffle_seed=0, batch_size=cfg["batch"])
-    loader = DataLoader(ds, batch_size=cfg["batch"], num_workers=WORKERS)
-    return _measure(loader, cfg)
-
-
-def child_dali(cfg: dict[str, Any], workload: str) -> dict[str, float]:
-    from nvidia.dali import fn, pipeline_def, types
-
-    root = cfg["folder"]
-    warm(str(p) for p in Path(root).rglob("*.jpg"))
-    batch = cfg["batch"]
-
-    @pipeline_def(batch_size=batch, num_threads=WORKERS, device_id=None, seed=0)  # type: ignore[misc]
-    def pipe() -> Any:
-        jpegs, labels = fn.readers.file(file_root=root, random_shuffle=True, name="files")
-        images = fn.decoders.image_random_crop(
-            jpegs,
-            device="cpu",
-            output_type=types.RGB,
-            random_area=[0.08, 1.0],
-            random_aspect_ratio=[3 / 4, 4 / 3],
-        )
-        images = fn.resize(images, resize_x=224, resize_y=224)
-        images = fn.crop_mirror_normalize(
-            images,
-            dtype=types.FLOAT,
-            output_layout="CHW",
-            mean=[m * 255 for m in MEAN],
-            std=[s * 255 for s in STD],
-            mirror=fn.random.coin_flip(probability=0.5),
-        )
-        return images, labels
-
-    p = pipe()
-    p.build()
-    return _measure(dali_batches(p), cfg)
-
-
-def child_single_core(cfg: dict[str, Any], workload: str, variant: str = "") -> dict[str, float]:
-    """One core, no loader: fused fastload transform (uint8 + batch normalize), the PIL baseline,
-    or bare JPEG decoding with PIL / simplejpeg."""
-    import simplejpeg
-    import torch
-    from PIL import Image
-
-    from fastload.loader.transforms import ImageTrainTransform, sample_rng
-
-    torch.set_num_threads(1)
-    files = Corpus(Path(cfg["root"]), cfg["count"]).files()[: cfg["single_n"]]
-    datas = [Path(p).read_bytes() for p, _ in files]
-    tf = ImageTrainTransform()
-    fns: dict[str, Callable[[bytes, int], Any]] = {
-        "fused": lambda d, i: tf(d, sample_rng(0, 0, i)),
-        "fused-float": lambda d, i: ImageTrainTransform(normalize_on="sample")(
-            d, sample_rng(0, 0, i)
-        ),
-        "pil": lambda d, i: pil_train(d, sample_rng(0, 0, i)),
-        "decode-pil": lambda d, i: Image.open(io.BytesIO(d)).convert("RGB"),
-        "decode-simplejpeg": lambda d, i: simplejpeg.decode_jpeg(d, colorspace="RGB"),
-    }
-    fn = fns[variant]
-    for i, d in enumerate(datas[:20]):
-        fn(d, i)
-    t0 = time.perf_counter()
-    out = []
-    for i, d in enumerate(datas):
-        out.append(fn(d, i))
-        if variant == "fused" and len(out) == 64:
-            tf.batch_transform(torch.stack(out))
-            out = []
-    dt = time.perf_counter() - t0
-    return {"samples": len(datas), "seconds": dt}
-
-
-def _dali_single(batch: int) -> Callable[[list[bytes]], Any]:
-    """DALI CPU fused crop-decode + resize + flip + normalize with one thread, fed the same bytes."""
-    from nvidia.dali import fn, pipeline_def, types
-
-    @pipeline_def(batch_size=batch, num_threads=1, device_id=None, seed=0, prefetch_queue_depth=1)  # type: ignore[misc]
-    def pipe() -> Any:
-        jpegs = fn.external_source(name="jpegs", dtype=types.UINT8, ndim=1)
-        images = fn.decoders.image_random_crop(
-            jpegs,
-            device="cpu",
-            output_type=types.RGB,
-            random_area=[0.08, 1.0],
-            random_aspect_ratio=[3 / 4, 4 / 3],
-        )
-        images = fn.resize(images, resize_x=224, resize_y=224)
-        return fn.crop_mirror_normalize(
-            images,
-            dtype=types.FLOAT,
-            output_layout="CHW",
-            mean=[m * 255 for m in MEAN],
-            std=[s * 255 for s in STD],
-            mirror=fn.random.coin_flip(probability=0.5),
-        )
-
-    p = pipe()
-    p.build()
-
-    def run(datas: list[bytes]) -> Any:
-        p.feed_input("jpegs", [np.frombuffer(d, np.uint8) for d in datas])
-        (out,) = p.run()
-        return np.array(out.as_tensor())
-
-    return run
-
-
-def transforms_comparison(cfg: dict[str, Any], blocks: int) -> dict[str, float]:
-    """Single-core rates of decoders and train transforms, interleaved block by block in one
-    process so that load changes on a shared machine hit every variant alike."""
-    import simplejpeg
-    import torch
-    from PIL import Image
-
-    from fastload.loader.transforms import ImageTrainTransform, sample_rng
-
-    torch.set_num_threads(1)
-    files = Corpus(Path(cfg["root"]), cfg["count"]).files()
-    block = 32
-    datas = [Path(p).read_bytes() for p, _ in files[: block * blocks]]
-    fused = ImageTrainTransform()
-    fused_float = ImageTrainTransform(normalize_on="sample")
-    fused_nodct = ImageTrainTransform(dct_scaling=False)
-
-    def per_image(fn: Callable[[bytes, int], Any]) -> Callable[[list[bytes], int], Any]:
-        return lambda ds, base: [fn(d, base + i) for i, d in enumerate(ds)]
-
-    def fused_batch(ds: list[bytes], base: int) -> Any:
-        return fused.batch_transform(
-            torch.stack([fused(d, sample_rng(0, 0, base + i)) for i, d in enumerate(ds)])
-        )
-
-    def nodct_batch(ds: list[bytes], base: int) -> Any:
-        return fused_nodct.batch_transform(
-            torch.stack([fused_nodct(d, sample_rng(0, 0, base + i)) for i, d in enumerate(ds)])
-        )
-
-    variants: dict[str, Callable[[list[bytes], int], Any]] = {
-        "decode-pil": per_image(lambda d, i: Image.open(io.BytesIO(d)).convert("RGB")),
-        "decode-simplejpeg": per_image(lambda d, i: simplejpeg.decode_jpeg(d, colorspace="RGB")),
-        "pil-rrc-float": per_image(lambda d, i: pil_train(d, sample_rng(0, 0, i))),
-        "fused-uint8+batch-normalize": fused_batch,
-        "fused-uint8-no-dct-scaling": nodct_batch,
-        "fused-float-per-sample": per_image(lambda d, i: fused_float(d, sample_rng(0, 0, i))),
-    }
-    try:
-        variants["dali-1-thread"] = (lambda run: lambda ds, base: run(ds))(_dali_single(block))
-    except ImportError:
-        pass
-    spent = dict.fromkeys(variants, 0.0)
-    for k in range(blocks):
-        chunk = datas[k * block : (k + 1) * block]
-        for name, fn in variants.items():
-            t0 = time.perf_counter()
-            fn(chunk, k * block)
-            spent[name] += time.perf_counter() - t0
-    return {name: len(datas) / t for name, t in spent.items()}
-
-
-CHILDREN: dict[str, Callable[..., dict[str, float]]] = {
-    "pagecache": child_pagecache,
-    "fastload": child_fastload,
-    "torch": child_torch,
-    "webdataset": child_webdataset,
-    "litdata": child_litdata,
-    "mosaic": child_mosaic,
-    "dali": child_dali,
-    "single": child_single_core,
-}
-
-# ---------------------------------------------------------------------------------------------
-# Parent: preparation, alternating rounds, report
+# Preparation of the peers' copies of the corpus
 # ---------------------------------------------------------------------------------------------
 
 
@@ -491,12 +127,50 @@ def _prepare_peer(kind: str, corpus: Corpus) -> tuple[Path | None, str]:
     return dst, ""
 
 
+# ---------------------------------------------------------------------------------------------
+# Parent: alternating rounds, report
+# ---------------------------------------------------------------------------------------------
+
+
+def _plans(cfg: dict[str, Any], workloads: list[str], quick: bool) -> dict[str, list[Any]]:
+    """Per workload: ``(name, child spec)`` of each contender, in round order."""
+
+    def spec(kind: str, c: dict[str, Any], workload: str, variant: str = "") -> dict[str, Any]:
+        return {"kind": kind, "workload": workload, "variant": variant, "cfg": c}
+
+    plans: dict[str, list[Any]] = {}
+    if "bytes" in workloads:
+        b = {**cfg, "batch": 256}
+        plans["bytes"] = [
+            ("pagecache", spec("pagecache", b, "")),
+            ("fastload", spec("fastload", b, "bytes")),
+            ("fastload-list", spec("fastload", b, "bytes", "list")),
+            *((k, spec(k, b, "bytes")) for k in ("torch", "webdataset", "litdata", "mosaic")),
+        ]
+    if "train" in workloads:
+        t = {**cfg, "batch": 64}
+        singles = ["fused", "pil"]
+        if not quick:
+            singles += ["fused-float", "decode-pil", "decode-simplejpeg"]
+        plans["train"] = [
+            *((f"single-{v}", spec("single", t, "train", v)) for v in singles),
+            ("fastload", spec("fastload", t, "train")),
+            ("fastload-float", spec("fastload", t, "train", "float")),
+            ("dali", spec("dali", t, "train")),
+            *((k, spec(k, t, "train")) for k in PIL_PEERS),
+        ]
+    return plans
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="fastload loader benchmark (W1 images)")
-    parser.add_argument("--quick", action="store_true", help="small corpus, 2 rounds (< 2 min)")
+    parser.add_argument("--quick", action="store_true", help="2,000 images, 2 rounds: QUICK RUN")
     parser.add_argument("--json", help="write results as JSON here")
     parser.add_argument("--count", type=int, help="corpus images (default 10000, quick 2000)")
     parser.add_argument("--rounds", type=int, help="alternating rounds (default 3, quick 2)")
+    parser.add_argument(
+        "--pil-rounds", type=int, default=1, help="rounds of webdataset/litdata/mosaic + PIL"
+    )
     parser.add_argument("--workloads", default="bytes,train")
     parser.add_argument("--loaders", default="", help="comma-separated subset of loaders")
     parser.add_argument("--root", default=None, help=f"corpus cache (default {DEFAULT_ROOT})")
@@ -515,10 +189,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     if args.child:
+        from benchmarks._harness import emit_result
+
         spec = json.loads(args.child)
-        fn = CHILDREN[spec["kind"]]
         kwargs = {k: spec[k] for k in ("workload", "variant") if spec.get(k)}
-        emit_result(fn(spec["cfg"], **kwargs))
+        emit_result(CHILDREN[spec["kind"]](spec["cfg"], **kwargs))
         return 0
 
     quick = args.quick
@@ -526,27 +201,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     rounds = args.rounds or (2 if quick else 3)
     corpus = ensure_corpus(count, None if args.root is None else Path(args.root) / "w1")
     if args.transforms:
-        rates = transforms_comparison(
-            {"root": str(corpus.root), "count": count}, 6 if quick else 20
-        )
-        base = rates["pil-rrc-float"]
-        table = Table(("single core, interleaved", 30), ("img/s", 7), ("vs PIL RRC", 10))
-        print(table.header())
-        for name, rate in rates.items():
-            print(table.row(name, f"{rate:.0f}", fmt_ratio(rate / base)))
-        if args.json:
-            Path(args.json).write_text(json.dumps({"single_core": rates}, indent=2))
-        return 0
+        return _transforms(corpus, quick, args.json)
     folder = corpus.folder()
     nbytes = corpus.total_bytes()
     mean_kb = nbytes / count / 1e3
-    print(f"corpus: {count} JPEGs, {nbytes / 1e6:.0f} MB, mean {mean_kb:.1f} KB at {folder}")
-    wds_dir = corpus.webdataset(shards=16, workers=WORKERS)
+    label = run_label(quick, count, rounds)
+    print(
+        f"bench_loader: {label}; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}\n"
+        f"corpus: {count} JPEGs, {nbytes / 1e6:.0f} MB, mean {mean_kb:.1f} KB at {folder}",
+        flush=True,
+    )
     cfg: dict[str, Any] = {
         "root": str(corpus.root),
         "folder": str(folder),
         "count": count,
-        "wds": str(wds_dir),
+        "wds": str(corpus.webdataset(shards=16, workers=WORKERS)),
         "single_n": 128 if quick else 600,
     }
     skipped: dict[str, str] = {}
@@ -557,54 +226,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"skipping {kind}: {why}")
         else:
             cfg[prepared] = str(path)
-
     try:
         import nvidia.dali  # noqa: F401
     except ImportError as exc:
         skipped["dali"] = f"nvidia-dali not importable: {exc}"
 
-    workloads = [w for w in args.workloads.split(",") if w]
     want = {x for x in args.loaders.split(",") if x}
-    plans: dict[str, list[tuple[str, dict[str, Any]]]] = {}
-    if "bytes" in workloads:
-        b = {**cfg, "batch": 256, "limit": count}
-        plans["bytes"] = [
-            ("pagecache", {"kind": "pagecache", "cfg": b}),
-            ("fastload", {"kind": "fastload", "workload": "bytes", "cfg": b}),
-            (
-                "fastload-list",
-                {"kind": "fastload", "workload": "bytes", "variant": "list", "cfg": b},
-            ),
-            ("torch", {"kind": "torch", "workload": "bytes", "cfg": b}),
-            ("webdataset", {"kind": "webdataset", "workload": "bytes", "cfg": b}),
-            ("litdata", {"kind": "litdata", "workload": "bytes", "cfg": b}),
-            ("mosaic", {"kind": "mosaic", "workload": "bytes", "cfg": b}),
-        ]
-    if "train" in workloads:
-        t = {**cfg, "batch": 64, "limit": 512 if quick else min(count, 4096)}
-        plans["train"] = [
-            ("single-fused", {"kind": "single", "workload": "train", "variant": "fused", "cfg": t}),
-            ("single-pil", {"kind": "single", "workload": "train", "variant": "pil", "cfg": t}),
-            ("fastload", {"kind": "fastload", "workload": "train", "cfg": t}),
-            (
-                "fastload-float",
-                {"kind": "fastload", "workload": "train", "variant": "float", "cfg": t},
-            ),
-            ("dali", {"kind": "dali", "workload": "train", "cfg": t}),
-            ("torch", {"kind": "torch", "workload": "train", "cfg": t}),
-            ("webdataset", {"kind": "webdataset", "workload": "train", "cfg": t}),
-            ("litdata", {"kind": "litdata", "workload": "train", "cfg": t}),
-            ("mosaic", {"kind": "mosaic", "workload": "train", "cfg": t}),
-        ]
-        if not quick:
-            for v in ("decode-pil", "decode-simplejpeg", "fused-float"):
-                plans["train"].insert(
-                    2,
-                    (
-                        f"single-{v}",
-                        {"kind": "single", "workload": "train", "variant": v, "cfg": t},
-                    ),
-                )
+    plans = _plans(cfg, [w for w in args.workloads.split(",") if w], quick)
     runs = [
         (workload, name, spec)
         for workload, plan in plans.items()
@@ -612,127 +240,165 @@ def main(argv: Sequence[str] | None = None) -> int:
         if (not want or name in want or spec["kind"] in want) and spec["kind"] not in skipped
     ]
     results: dict[str, dict[str, list[dict[str, Any]]]] = {w: {} for w in plans}
-    t_start = time.perf_counter()
+    t_start, load_start = time.perf_counter(), os.getloadavg()[0]
     for r, (workload, name, spec) in alternating(runs, rounds):
+        if workload == "train" and name in SLOW_PIL_PEERS and r > args.pil_rounds:
+            continue
         python = PEERS_PYTHON if spec["kind"] in PEER_KINDS else sys.executable
         res = run_child(
-            [python, "-m", "benchmarks.bench_loader", "--child", json.dumps(spec)], timeout=600
+            [python, "-m", "benchmarks.bench_loader", "--child", json.dumps(spec)], timeout=900
         )
         results[workload].setdefault(name, []).append(res)
         print_round(r, f"{workload:5s} {name:22s}", res)
-    report = _report(results, mean_kb, skipped)
-    report["config"] = {"count": count, "rounds": rounds, "workers": WORKERS, "quick": quick}
-    report["elapsed_s"] = time.perf_counter() - t_start
+    report = _report(results, mean_kb, skipped, count)
+    elapsed = time.perf_counter() - t_start
+    loads = (load_start, os.getloadavg()[0])
+    print(f"\n{label}; load {loads[0]:.2f} -> {loads[1]:.2f}; {elapsed / 60:.1f} min")
+    report["quick"] = quick
+    report["label"] = label
+    report["config"] = {
+        "count": count,
+        "rounds": rounds,
+        "pil_rounds": args.pil_rounds,
+        "workers": WORKERS,
+        "quick": quick,
+        "timing": "one whole epoch per run, from loader creation to the last batch; steady "
+        "after batch 2; CPU of the process tree",
+    }
+    report["load_average"] = {"start": loads[0], "end": loads[1], "cpus": os.cpu_count()}
+    report["elapsed_s"] = elapsed
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0
 
 
-def _median_cpu_us(runs: list[dict[str, Any]]) -> float | None:
-    """Median CPU microseconds per sample (loader process + workers), where measured."""
-    ok = [
-        r["cpu_seconds"] / r["samples"] * 1e6
-        for r in ok_runs(runs)
-        if r.get("cpu_seconds") and r["samples"] > 0
-    ]
-    return statistics.median(ok) if ok else None
+def _transforms(corpus: Corpus, quick: bool, json_path: str | None) -> int:
+    """``--transforms``: single-core decoders and train transforms, interleaved."""
+    cfg = {"root": str(corpus.root), "count": corpus.count}
+    rates = transforms_comparison(cfg, 6 if quick else 20)
+    base = rates["pil-rrc-float"]
+    table = Table(("single core, interleaved", 30), ("img/s", 7), ("vs PIL RRC", 10))
+    print(table.header())
+    for name, rate in rates.items():
+        print(table.row(name, f"{rate:.0f}", fmt_ratio(rate / base)))
+    if json_path:
+        Path(json_path).write_text(json.dumps({"single_core": rates}, indent=2))
+    return 0
 
 
-def _cpu_cells(cpu: float | None, best_peer_cpu: float | None, ours: bool) -> tuple[str, str]:
-    """``CPU us/sample`` and, for fastload rows, the peer's CPU per sample over ours."""
-    if cpu is None:
-        return "-", ""
-    return f"{cpu:.0f}", fmt_ratio(ratio(best_peer_cpu, cpu)) if ours and best_peer_cpu else ""
+def _summary(runs: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Medians over a contender's runs: epoch and steady rates, first batch, CPU per sample."""
+    return {
+        "epoch": median_rate(runs),
+        "steady": median_rate(runs, "steady_samples", "steady_seconds"),
+        "first_batch_s": median_of(runs, "first_batch_seconds"),
+        "cpu_us": (v * 1e6 if (v := median_of(runs, "cpu_seconds", "samples")) else None),
+        "steady_cpu_us": (
+            v * 1e6 if (v := median_of(runs, "steady_cpu_seconds", "steady_samples")) else None
+        ),
+    }
+
+
+def _fmt(x: float | None, spec: str = ".0f") -> str:
+    return "-" if x is None else format(x, spec)
 
 
 _BYTES_TABLE = Table(
     ("loader", 22),
-    ("samples/s", 10),
-    ("MB/s", 8),
-    ("vs torch", 9),
+    ("epoch/s", 8),
+    ("steady/s", 8),
+    ("1st batch s", 11),
+    ("MB/s", 5),
+    ("vs torch", 8),
     ("vs best peer", 12),
+    ("steady", 6),
     ("of page cache", 13),
-    ("CPU us/s.", 9),
-    ("CPU gain", 8),
+    ("CPU us/smp", 10),
 )
 _TRAIN_TABLE = Table(
     ("loader", 22),
-    ("img/s", 8),
-    ("vs DALI", 8),
+    ("epoch/s", 8),
+    ("steady/s", 8),
+    ("1st batch s", 11),
+    ("vs DALI", 7),
+    ("steady", 6),
     ("vs best PIL peer", 16),
+    ("steady", 6),
     ("of 2-core limit", 15),
-    ("CPU us/img", 9),
-    ("DALI/ours", 8),
+    ("CPU ms/img", 10),
 )
 
 
+def _best(rows: dict[str, dict[str, float | None]], names: Any, key: str) -> float | None:
+    return max((v for k in names if k in rows and (v := rows[k][key])), default=None)
+
+
 def _bytes_table(
-    by_name: dict[str, list[dict[str, Any]]],
-    rates: dict[str, float | None],
-    cpus: dict[str, float | None],
-    errors: dict[str, str],
-    mean_kb: float,
-) -> float | None:
-    """Print the bytes workload's table; return the page cache's read bandwidth (bytes/s)."""
-    bw = median_rate(by_name.get("pagecache", []), "bytes")
-    peers = [k for k in rates if not k.startswith(("fastload", "pagecache"))]
-    best_peer = max((v for k in peers if (v := rates[k])), default=None)
-    best_cpu = min((v for k in peers if (v := cpus[k])), default=None)
-    base = rates.get("torch")
+    rows: dict[str, dict[str, float | None]], bw: float | None, errors: dict[str, str], kb: float
+) -> None:
+    """Print the bytes workload's table (``bw``: the page cache's read bandwidth, bytes/s)."""
+    peers = [k for k in rows if not k.startswith(("fastload", "pagecache"))]
+    best, best_steady = _best(rows, peers, "epoch"), _best(rows, peers, "steady")
+    torch_rate = rows.get("torch", {}).get("epoch")
     print(_BYTES_TABLE.header())
     if bw:
         print(
-            _BYTES_TABLE.row("page cache (dd-like)", f"{bw / mean_kb / 1e3:.0f}", f"{bw / 1e6:.0f}")
+            _BYTES_TABLE.row(
+                "page cache (dd-like)", f"{bw / kb / 1e3:.0f}", "", "", f"{bw / 1e6:.0f}"
+            )
         )
-    for name, rate in rates.items():
+    for name, row in rows.items():
+        rate = row["epoch"]
         if name == "pagecache":
             continue
         if rate is None:
             print(_BYTES_TABLE.error(name, errors.get(name, "")))
             continue
         ours = name.startswith("fastload")
-        mbs = rate * mean_kb / 1e3
-        share = f"{mbs * 1e6 / bw * 100:.1f}%" if bw else "-"
-        vs_peer = fmt_ratio(ratio(rate, best_peer) if ours else None)
+        mbs = rate * kb / 1e3
         print(
             _BYTES_TABLE.row(
                 name,
                 f"{rate:.0f}",
+                _fmt(row["steady"]),
+                _fmt(row["first_batch_s"], ".2f"),
                 f"{mbs:.0f}",
-                fmt_ratio(ratio(rate, base)),
-                vs_peer,
-                share,
-                *_cpu_cells(cpus.get(name), best_cpu, ours),
+                fmt_ratio(ratio(rate, torch_rate)),
+                fmt_ratio(ratio(rate, best) if ours else None),
+                fmt_ratio(ratio(row["steady"], best_steady) if ours else None),
+                f"{mbs * 1e6 / bw * 100:.1f}%" if bw else "-",
+                _fmt(row["cpu_us"]),
             )
         )
-    return bw
 
 
-def _train_table(
-    rates: dict[str, float | None], cpus: dict[str, float | None], errors: dict[str, str]
-) -> float | None:
+def _train_table(rows: dict[str, dict[str, float | None]], errors: dict[str, str]) -> float | None:
     """Print the train workload's table; return the 2-core limit (img/s)."""
-    single = rates.get("single-fused")
+    single = rows.get("single-fused", {}).get("epoch")
     limit = 2 * single if single else None
-    dali = rates.get("dali")
-    best_peer = max((v for k in PIL_PEERS if (v := rates.get(k))), default=None)
+    dali = rows.get("dali", {})
+    best, best_steady = _best(rows, PIL_PEERS, "epoch"), _best(rows, PIL_PEERS, "steady")
     print(_TRAIN_TABLE.header())
-    for name, rate in rates.items():
+    for name, row in rows.items():
+        rate = row["epoch"]
         if rate is None:
             print(_TRAIN_TABLE.error(name, errors.get(name, "")))
             continue
         if name.startswith("single"):
             print(_TRAIN_TABLE.row(name, f"{rate:.0f}") + "   (one core, no loader)")
             continue
-        of_limit = f"{rate / limit * 100:.0f}%" if limit else "-"
         print(
             _TRAIN_TABLE.row(
                 name,
                 f"{rate:.0f}",
-                fmt_ratio(ratio(rate, dali)),
-                fmt_ratio(ratio(rate, best_peer)),
-                of_limit,
-                *_cpu_cells(cpus.get(name), cpus.get("dali"), name.startswith("fastload")),
+                _fmt(row["steady"]),
+                _fmt(row["first_batch_s"], ".2f"),
+                fmt_ratio(ratio(rate, dali.get("epoch"))),
+                fmt_ratio(ratio(row["steady"], dali.get("steady"))),
+                fmt_ratio(ratio(rate, best)),
+                fmt_ratio(ratio(row["steady"], best_steady)),
+                f"{rate / limit * 100:.0f}%" if limit else "-",
+                _fmt(None if row["cpu_us"] is None else row["cpu_us"] / 1e3, ".2f"),
             )
         )
     if limit:
@@ -741,21 +407,45 @@ def _train_table(
 
 
 def _report(
-    results: dict[str, dict[str, list[dict[str, Any]]]], mean_kb: float, skipped: dict[str, str]
+    results: dict[str, dict[str, list[dict[str, Any]]]],
+    mean_kb: float,
+    skipped: dict[str, str],
+    count: int,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"skipped": skipped, "workloads": {}}
     for workload, by_name in results.items():
-        rates = {name: median_rate(runs) for name, runs in by_name.items()}
-        cpus = {name: _median_cpu_us(runs) for name, runs in by_name.items()}
-        errors = {
-            name: runs[-1].get("error", "") for name, runs in by_name.items() if rates[name] is None
+        if not by_name:
+            continue
+        rows = {name: _summary(runs) for name, runs in by_name.items()}
+        errors = {n: r[-1].get("error", "") for n, r in by_name.items() if rows[n]["epoch"] is None}
+        short = {
+            n: sorted({r["samples"] for r in runs if "error" not in r} - {count})
+            for n, runs in by_name.items()
+            if n != "pagecache" and not n.startswith("single")
         }
-        print(f"\n== {workload} (medians of {max(len(r) for r in by_name.values())} rounds) ==")
-        table: dict[str, Any] = {"rates": rates, "cpu_us_per_sample": cpus, "errors": errors}
+        rounds = {n: len(r) for n, r in by_name.items()}
+        print(
+            f"\n== {workload}: one epoch of {count} samples per run, medians (rounds {rounds}) =="
+        )
+        table: dict[str, Any] = {
+            "rates": {n: row["epoch"] for n, row in rows.items()},
+            "steady_rates": {n: row["steady"] for n, row in rows.items()},
+            "first_batch_seconds": {n: row["first_batch_s"] for n, row in rows.items()},
+            "cpu_us_per_sample": {n: row["cpu_us"] for n, row in rows.items()},
+            "steady_cpu_us_per_sample": {n: row["steady_cpu_us"] for n, row in rows.items()},
+            "rounds": rounds,
+            "errors": errors,
+            "runs": by_name,
+        }
         if workload == "bytes":
-            table["pagecache_bytes_per_s"] = _bytes_table(by_name, rates, cpus, errors, mean_kb)
+            bw = median_rate(by_name.get("pagecache", []), "bytes")
+            table["pagecache_bytes_per_s"] = bw
+            _bytes_table(rows, bw, errors, mean_kb)
         else:
-            table["two_core_limit"] = _train_table(rates, cpus, errors)
+            table["two_core_limit"] = _train_table(rows, errors)
+        for name, counts in short.items():
+            if counts:  # time_epoch stops at `count`; more than that is a batch overshoot
+                print(f"note: {name} delivered {counts} samples in an epoch, not {count}")
         out["workloads"][workload] = table
     for name, why in skipped.items():
         print(f"skipped {name}: {why}")

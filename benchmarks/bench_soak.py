@@ -40,6 +40,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks._harness import child_pids, status_kb
+
 BUCKET = "fastload-bench-soak"
 WORKERS = 2
 BATCH = 16
@@ -116,34 +118,6 @@ class Sample:
     rate: float
 
 
-def status_kb(pid: int, name: str, file: str = "status") -> int:
-    """A ``kB`` field (``VmRSS``, ``Pss``) of ``/proc/<pid>/<file>``; 0 if the process is gone."""
-    with (
-        contextlib.suppress(FileNotFoundError, ProcessLookupError),
-        open(f"/proc/{pid}/{file}", encoding="ascii") as f,
-    ):
-        for line in f:
-            if line.startswith(name + ":"):
-                return int(line.split()[1])
-    return 0
-
-
-def children(pid: int) -> list[int]:
-    """Live child processes of ``pid`` (from ``/proc/*/stat``)."""
-    out = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", encoding="ascii", errors="replace") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            out.append(int(entry.name))
-    return out
-
-
 def count_fds(pid: int) -> int:
     """Open file descriptors of ``pid``."""
     try:
@@ -190,7 +164,7 @@ def soak(
     from fastload.loader import PackedBytes
 
     main = os.getpid()
-    before = set(children(main))  # not the loader's (e.g. a Ceph daemon this process started)
+    before = set(child_pids(main))  # not the loader's (e.g. a Ceph daemon this process started)
     seen = {main}
     everything = sorted(keys)
     persistent = bool(loader._torch_kwargs["persistent_workers"])
@@ -212,7 +186,7 @@ def soak(
             got.extend(batch_keys)
             counters[worker] = stats
             if i == n // 2:  # mid-epoch: both workers are alive, with batches left
-                tree = [main] + [p for p in children(main) if p not in before]
+                tree = [main] + [p for p in child_pids(main) if p not in before]
                 seen.update(tree)
                 rss = sum(status_kb(p, "VmRSS") for p in tree)
                 anon = sum(status_kb(p, "RssAnon") for p in tree)
@@ -233,7 +207,7 @@ def soak(
             for w, c in counters.items()
         )
         last = {w: dict(c) for w, c in counters.items()}
-        tree_now = [main] + [p for p in children(main) if p not in before]
+        tree_now = [main] + [p for p in child_pids(main) if p not in before]
         yield Sample(
             epoch=epoch,
             rss_main_kb=status_kb(main, "VmRSS"),

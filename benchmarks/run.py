@@ -64,6 +64,7 @@ BENCHES: tuple[Bench, ...] = (
     Bench("convert"),
     Bench("tokenize"),
     Bench("loader"),
+    Bench("memory"),
     Bench("tokens"),
     Bench("mix"),
     Bench("ffcv"),
