@@ -81,7 +81,7 @@ class Dataset(ShardedDataset, torch.utils.data.Dataset[Any]):
         world_size: int | None = None,
         epoch: int = 0,
         io_threads: int | None = None,
-        prefetch_batches: int = 1,
+        prefetch_batches: int | None = None,
     ) -> BatchStream:
         """The iterable form: an ``IterableDataset`` of collated batches for this rank.
 

@@ -113,7 +113,8 @@ class DataLoader:
         io_threads: Reader threads per worker that fetch the next batch's samples ahead;
             ``None`` (default): none for local files, 4 for remote stores and caches (see
             :func:`~fastload.loader._stream.default_io_threads`).
-        prefetch_batches: Batches per worker whose reads run ahead of decoding.
+        prefetch_batches: Batches per worker whose reads run ahead of decoding (``None``: 1
+            with reader threads, else 0).
 
     Thread and process safety: use one loader from one thread. The loader, its dataset and its
     stream pickle, so every multiprocessing start method works (``decode``, ``transform`` and
@@ -144,7 +145,7 @@ class DataLoader:
         rank: int | None = None,
         world_size: int | None = None,
         io_threads: int | None = None,
-        prefetch_batches: int = 1,
+        prefetch_batches: int | None = None,
     ) -> None:
         if not isinstance(dataset, Dataset):
             raise InvalidArgumentError(

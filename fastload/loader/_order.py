@@ -62,6 +62,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
+import numpy.ma  # np.unique imports it on first use (15-50 ms): here, not in every worker
 import numpy.typing as npt
 
 from fastload.errors import InvalidArgumentError

@@ -129,7 +129,8 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
         epoch: Initial epoch (change it with :meth:`set_epoch`).
         io_threads: Reader threads per process (0 reads in the calling thread); ``None``:
             :func:`default_io_threads` of the dataset's store.
-        prefetch_batches: Batches whose reads run ahead of decoding, per worker.
+        prefetch_batches: Batches whose reads run ahead of decoding, per worker; ``None``: 1
+            with reader threads, 0 without (reads in the decoding thread overlap nothing).
 
     ``len(stream)`` is the number of batches this rank yields for the current epoch and start step
     (the same on every rank). The epoch and start step live in shared memory, so
@@ -147,7 +148,7 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
         world_size: int | None = None,
         epoch: int = 0,
         io_threads: int | None = None,
-        prefetch_batches: int = 1,
+        prefetch_batches: int | None = None,
         with_meta: bool = False,
     ) -> None:
         if not isinstance(dataset, ShardedDataset):
@@ -158,6 +159,8 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
         if io_threads is None:
             io_threads = max(default_io_threads(store) for store in dataset.stores)
         io_threads = check_int("io_threads", io_threads)
+        if prefetch_batches is None:  # reading ahead in the decoding thread only adds latency
+            prefetch_batches = 1 if io_threads else 0
         prefetch_batches = check_int("prefetch_batches", prefetch_batches)
         if collate_fn is not None and not callable(collate_fn):
             raise InvalidArgumentError(f"collate_fn must be callable, got {collate_fn!r}")
@@ -302,8 +305,7 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
             return
         order = self.dataset.order(epoch)
         reads = self._reads
-        # Byte fields that only the default collation sees are read as views of the mapped
-        # shards and copied once, into the batch buffer, instead of twice.
+        # Byte fields only the default collation sees: views of the mapped shards, copied once.
         reads.views = self.collate_fn is default_collate and self.dataset.raw_views_ok()
         lookahead = ShardLookahead.create(
             self.dataset, steps, lambda step: reads.plan(order, step, rank).shards
@@ -332,12 +334,14 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
                 # From here on a death is this batch's: its reads, the next batches' reads
                 # (each recorded where it happens) or its decode.
                 self._report(worker, planned.step, -1)
-                fill()  # the next batches' reads run while this one is decoded
+                if self.prefetch_batches:
+                    fill()  # the next batches' reads run (in threads) while this one is decoded
                 if seed_rngs:
                     seed_global_rngs(self.dataset.seed, epoch, planned.step, self.rank)
                 meta, batch = self._assemble(planned, batch_reads, rank, worker, epoch)
                 self._report(worker, planned.step, -1)  # decoded: not processing a sample
                 yield (meta, batch) if self.with_meta else batch
+                fill()
         finally:
             for _, batch_reads in pending:
                 BatchReads.cancel(batch_reads)
@@ -480,19 +484,17 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
                 finally:
                     self._report(worker, step, -1)
                 self._template = empty_like_batch(self.collate_fn([sample]))
-                break
-            else:
-                raise WorkerError(
-                    f"{where}: every sample of the batch was skipped as corrupt, and none of the "
-                    f"first {_TEMPLATE_TRIES} samples of {ds.url} decodes either, so no empty "
-                    "batch of the right structure can be built; check the data with "
-                    "`fastload verify`"
-                )
+                return self._template
+            raise WorkerError(
+                f"{where}: every sample of the batch was skipped as corrupt, and none of the "
+                f"first {_TEMPLATE_TRIES} samples of {ds.url} decodes either, so no empty batch "
+                "of the right structure can be built; check the data with `fastload verify`"
+            )
         return self._template
 
     def __repr__(self) -> str:
+        options = f"batch_size={self.batch_size}, rank={self.rank}, world_size={self.world_size}"
         return (
-            f"BatchStream({self.dataset!r}, batch_size={self.batch_size}, rank={self.rank}, "
-            f"world_size={self.world_size}, drop_last={self.drop_last}, epoch={self.epoch}, "
-            f"start_step={self.start_step})"
+            f"BatchStream({self.dataset!r}, {options}, drop_last={self.drop_last}, "
+            f"epoch={self.epoch}, start_step={self.start_step})"
         )
