@@ -63,7 +63,7 @@ from fastload.storage._s3_config import (
     MiB,
     S3Config,
 )
-from fastload.storage._s3_connection import S3Connection
+from fastload.storage._s3_connection import S3Connection, ack_now
 from fastload.storage._s3_errors import etag_of
 from fastload.storage._s3_reader import S3StreamReader
 from fastload.storage._s3_writer import S3Writer
@@ -206,6 +206,7 @@ class S3Store(Store):
 
         def fetch() -> tuple[bytes, int, str | None]:
             resp = self._client().get_object(**kwargs)
+            ack_now(resp["Body"])
             data = resp["Body"].read()
             content_range = resp.get("ContentRange")
             total = int(content_range.rpartition("/")[2]) if content_range else len(data)

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastload.errors import TransientStoreError
 from fastload.storage._base import SeekableReader
-from fastload.storage._s3_connection import S3Connection
+from fastload.storage._s3_connection import S3Connection, ack_now
 from fastload.storage._s3_errors import etag_of
 
 __all__ = ["S3StreamReader"]
@@ -48,6 +48,7 @@ class S3StreamReader(SeekableReader):
             self._etag = etag_of(resp.get("ETag"))
             self._object_size = int(resp["ContentLength"])
         self._body = resp["Body"]
+        ack_now(self._body)
 
     def _close_body(self) -> None:
         body, self._body = self._body, None
