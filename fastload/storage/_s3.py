@@ -270,8 +270,9 @@ class S3Store(Store):
 
         The reader is seekable (a seek re-requests from the new offset) and pinned to the ETag seen
         when it opened: if the object is replaced meanwhile, reading raises :class:`StoreError`.
-        ``chunk_size`` is the reader's buffer size (default 1 MiB). One thread per reader. A
-        broken stream raises :class:`~fastload.errors.TransientStoreError`; under
+        ``chunk_size`` is the reader's buffer size, at most 1 MiB (the default; reads of more
+        than the buffer go straight to the stream, without a copy through it). One thread per
+        reader. A broken stream raises :class:`~fastload.errors.TransientStoreError`; under
         :class:`~fastload.storage.RetryStore` (the default of :func:`fastload.open_store`) it is
         resumed where it broke.
 
@@ -279,7 +280,7 @@ class S3Store(Store):
             ObjectNotFoundError: The key does not exist (raised here, not at the first read).
         """
         raw = S3StreamReader(self._conn, self.child_url(key), self._full_key(key))
-        return io.BufferedReader(raw, buffer_size=chunk_size or MiB)
+        return io.BufferedReader(raw, buffer_size=min(chunk_size or MiB, MiB))
 
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
         validate_prefix(prefix, url=self.url)

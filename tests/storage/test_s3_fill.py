@@ -167,3 +167,36 @@ def test_limited_readers_name_their_version(ceph_s3: CephS3, s3_bucket: str) -> 
         "obj"
     ) as reader:
         assert reader_version(reader) == etag
+
+
+@pytest.mark.ceph
+def test_streamed_reads_take_at_most_a_piece_from_the_body(ceph_s3: CephS3, s3_bucket: str) -> None:
+    """Large reads are served in pieces of at most READ_PIECE bytes straight from the body
+    (small allocations that are reused), never by one allocation of the whole read."""
+    from fastload.storage._s3_reader import READ_PIECE
+
+    store = _store(ceph_s3, s3_bucket)
+    data = os.urandom(3 * READ_PIECE + 17)
+    store.put("obj", data)
+    client = store._client()
+    original = client.get_object
+    asked: list[int] = []
+
+    def get_object(**kwargs: Any) -> Any:
+        resp = original(**kwargs)
+        body = resp["Body"]
+        read = body.read
+
+        def spy(n: int | None = None) -> bytes:
+            asked.append(-1 if n is None else n)
+            return bytes(read(n))
+
+        body.read = spy
+        return resp
+
+    client.get_object = get_object
+    with store.open_reader("obj", chunk_size=8 * READ_PIECE) as reader:
+        assert reader.read(8 * READ_PIECE) == data
+    assert asked
+    assert max(asked) <= READ_PIECE
+    assert min(asked) > 0
