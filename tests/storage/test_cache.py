@@ -355,7 +355,8 @@ def test_an_object_rewritten_during_every_fill_is_refused_by_name(
 
 
 class _Gate:
-    """A reader of ``data`` that gives its first half, then waits for ``release``."""
+    """Set by a GatedStore reader when it is halfway through its object (``halfway``); the
+    reader waits for ``release`` before going on."""
 
     def __init__(self) -> None:
         self.halfway = threading.Event()
