@@ -17,8 +17,9 @@ The model follows what fastload does, step by step:
   shard's samples stay within ``k x S`` consecutive positions, which meet
   ``min(nodes, (kS - 1)/L + 1)`` nodes' runs.
 * **Cache fills.** A node downloads a shard (and its ``.idx``) once per visit that misses its cache.
-  One fill is a ``head`` and one ``get`` per object up to 32 MiB (larger: ranged gets of 32 MiB and
-  a second ``head``); a shard reader's own ``head`` is answered by the cache. The streaming shuffle
+  One fill is a ``head`` and one streamed ``get`` per object, whatever its size (S3 names the
+  version it streams, so no second ``head``); a shard reader's own ``head`` is answered by the
+  cache. The streaming shuffle
   visits a shard once per epoch, the block shuffle ``ceil(S / block_size)`` times, at random
   moments. A node that reads only part of the shards reads another random part each epoch. When
   the cache holds every shard the node will read, later epochs download nothing; otherwise the
@@ -48,7 +49,6 @@ from typing import Any
 
 from fastload._units import check_int
 from fastload.errors import InvalidArgumentError
-from fastload.storage._cache import FILL_CHUNK
 
 __all__ = ["PRESETS", "CapacityPlan", "Cluster", "Workload", "lru_downloads", "plan_capacity"]
 
@@ -211,11 +211,7 @@ class CapacityPlan:
 
 def _requests(nbytes: float) -> int:
     """Store requests of one cache fill of an object of ``nbytes`` bytes."""
-    if nbytes <= 0:
-        return 0
-    if nbytes <= FILL_CHUNK:
-        return 2  # head, get
-    return 2 + math.ceil(nbytes / FILL_CHUNK)  # head, ranged gets, head again
+    return 2 if nbytes > 0 else 0  # head, streamed get
 
 
 def lru_downloads(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 
 import pytest
 from hypothesis import given, settings
@@ -79,7 +78,7 @@ def test_rates_cpu_and_requests_follow_their_definitions() -> None:
     assert plan.epoch_s == pytest.approx(62.5)
     assert plan.cpu_cores_per_gpu == pytest.approx(2.0)
     assert plan.dali_cores_per_gpu == pytest.approx(0.1)
-    assert plan.requests_per_shard == 2 + math.ceil(256_000_000 / 2**25)  # no index
+    assert plan.requests_per_shard == 2  # a head and one streamed get, no index
     node_shards = plan.shards * plan.node_read_fraction
     assert plan.store_requests_first == pytest.approx(
         plan.nodes * node_shards * plan.requests_per_shard / plan.epoch_s

@@ -5,10 +5,11 @@ from there afterwards, within a byte budget with least-recently-used eviction. I
 usual training node: every DataLoader worker of every rank on the node opens the same cache
 directory, and
 
-* a fill is atomic: the object is downloaded into a temporary file and renamed into place, so a
-  reader never sees a partial file;
+* a fill is atomic: the object is streamed into a temporary file and renamed into place, so a
+  reader never sees a partial file (:mod:`fastload.storage._cache_fill`);
 * one object is downloaded once: fills take an exclusive ``flock`` on a per-object lock file, and
-  whoever waits on it finds the finished file;
+  whoever waits on it finds the finished file; a prefetch skips an object being filled, so the
+  prefetch threads of all processes download different objects at once;
 * a SIGKILLed process leaves nothing harmful: its ``flock`` locks are released by the kernel, and its
   temporary files are removed by the next process that opens the cache;
 * eviction runs under a cache-wide lock and never removes a file another process is filling.
@@ -41,17 +42,16 @@ from typing import cast
 
 from fastload._lazy import PerProcess
 from fastload._units import parse_size
-from fastload.errors import InvalidArgumentError, InvalidRangeError, ObjectNotFoundError, StoreError
+from fastload.errors import InvalidArgumentError, ObjectNotFoundError
 from fastload.storage._base import DEFAULT_COALESCE_BYTES, DEFAULT_READ_CHUNK, ObjectWriter, Store
 from fastload.storage._cache_counters import COUNTER_NAMES, ProcessCounters
 from fastload.storage._cache_dir import CacheDirectory
+from fastload.storage._cache_fill import fill
 from fastload.storage._keys import ByteRange, ObjectMeta, check_range, validate_key
 from fastload.storage._wrapper import WrapperStore
 
 __all__ = ["CachingStore", "parse_size"]  # parse_size re-exported from fastload._units
 
-#: Bytes per request when the cache copies an object in (memory per fill in progress).
-FILL_CHUNK = 32 * 1024 * 1024
 #: A fill reuses the answer of a head of the same object forwarded this long ago at most.
 HEAD_REUSE_S = 10.0
 _MAX_HEADS = 4096  # remembered forwarded heads per process (forgotten all at once beyond)
@@ -172,7 +172,13 @@ class CachingStore(WrapperStore):
         return ok
 
     def _ensure(self, key: str, *, prefetch: bool = False) -> str | None:
-        """Path of the cached copy of ``key``, filling it if needed; None if it bypasses the cache."""
+        """Path of the cached copy of ``key``, filling it if needed; None if it bypasses the cache.
+
+        A prefetch (``prefetch=True``) of an object that another thread or process is filling
+        returns None at once instead of waiting: the prefetching thread moves on to the next
+        object, so the prefetch threads of all the node's processes download different objects
+        in parallel.
+        """
         validate_key(key, url=self.url)
         entry = self._entry(key)
         path = self._disk.object_path(entry)
@@ -181,7 +187,11 @@ class CachingStore(WrapperStore):
             if not prefetch:
                 self._count("hits")
             return path
-        with self._disk.locked(entry):
+        with contextlib.ExitStack() as held:
+            if not prefetch:
+                held.enter_context(self._disk.locked(entry))
+            elif not held.enter_context(self._disk.locked_if_free(entry)):
+                return None  # being filled elsewhere
             if self._is_valid(key, entry, path):  # another process filled it while we waited
                 self._touch(path)
                 if not prefetch:
@@ -195,80 +205,9 @@ class CachingStore(WrapperStore):
                 return None
             if not prefetch:
                 self._count("misses")
-            self._fill(key, entry, path, meta)
+            fill(self._store, self._disk, self.url, key, entry, meta, self._count)
             self._proc.get().validated.add(key)
             return path
-
-    def _fill(self, key: str, entry: str, path: str, meta: ObjectMeta) -> None:
-        """Download ``key`` into the cache, one consistent version of it.
-
-        An object of at most :data:`FILL_CHUNK` bytes is one whole ``get`` (one version by the
-        store's atomicity). A larger one is copied in ranged gets of ``FILL_CHUNK`` bytes, each
-        retried on its own by a :class:`~fastload.storage.RetryStore` below the cache; a second
-        ``head`` afterwards must report the same size, etag and mtime as the first, else the
-        object changed meanwhile and the copy starts again (at most three times).
-        """
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        url = self._store.child_url(key)
-        for attempt in range(3):
-            tmp, evicted = self._disk.reserve(entry, meta.size)
-            self._count("evictions", evicted)
-            try:
-                with open(tmp, "r+b") as out:
-                    if meta.size <= FILL_CHUNK:
-                        data = self._store.get(key)
-                        self._count("requests")
-                        out.write(data)
-                        got, same = len(data), True
-                        if got != meta.size:
-                            meta = ObjectMeta(key, got)  # replaced since the head: etag unknown
-                    else:
-                        got = self._download(key, meta.size, out)
-                        after = self._store.head(key)
-                        self._count("requests")
-                        same = got == meta.size and (after.size, after.etag, after.mtime) == (
-                            meta.size,
-                            meta.etag,
-                            meta.mtime,
-                        )
-                        meta = after
-                    out.truncate(got)
-                if not same:
-                    os.unlink(tmp)
-                    if attempt < 2:
-                        continue
-                    raise StoreError(
-                        f"could not copy {url} into the cache: it changed during each of 3 "
-                        "downloads; datasets being read must not be rewritten",
-                        url=url,
-                    )
-                self._disk.describe(entry, ObjectMeta(key, got, meta.mtime, meta.etag), self.url)
-                os.replace(tmp, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
-            self._count("downloads")
-            self._count("bytes_downloaded", got)
-            return
-
-    def _download(self, key: str, size: int, out: io.BufferedRandom) -> int:
-        """Copy the first ``size`` bytes of ``key`` into ``out`` in ranged gets of
-        :data:`FILL_CHUNK` bytes; return the bytes copied (fewer if the object shrank)."""
-        got = 0
-        while got < size:
-            want = min(size - got, FILL_CHUNK)
-            try:
-                block = self._store.get(key, ByteRange.from_length(got, want))
-            except InvalidRangeError:
-                return got
-            finally:
-                self._count("requests")
-            out.write(block)
-            got += len(block)
-            if len(block) != want:
-                return got
-        return got
 
     def _touch(self, path: str) -> None:
         with contextlib.suppress(OSError):

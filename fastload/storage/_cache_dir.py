@@ -136,6 +136,21 @@ class CacheDirectory:
         finally:
             os.close(fd)  # releases the lock
 
+    @contextlib.contextmanager
+    def locked_if_free(self, entry: str) -> Iterator[bool]:
+        """Hold the exclusive lock of ``entry`` if no one holds it (yields True), else yield
+        False at once without it (another thread or process is filling or removing the entry)."""
+        fd = os.open(self.lock_path(entry), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)  # releases the lock, if held
+
     def _remove_dead_fills(self) -> None:
         """Remove temporary files of fills whose process is gone (SIGKILL, crash)."""
         tmp = os.path.join(self.path, "tmp")
@@ -230,12 +245,8 @@ class CacheDirectory:
         for _, size, path in entries:
             if total + incoming <= self.max_bytes:
                 break
-            entry = os.path.basename(path)
-            lock_fd = os.open(self.lock_path(entry), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
-            try:
-                try:  # skip entries being (re)filled right now
-                    fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
+            with self.locked_if_free(os.path.basename(path)) as free:
+                if not free:  # skip entries being (re)filled right now
                     continue
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
@@ -243,6 +254,4 @@ class CacheDirectory:
                     evicted += 1
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path + ".json")
-            finally:
-                os.close(lock_fd)
         return total + incoming <= self.max_bytes, evicted

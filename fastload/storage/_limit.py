@@ -13,6 +13,7 @@ from typing import Any
 from fastload.errors import InvalidArgumentError
 from fastload.storage._base import DEFAULT_COALESCE_BYTES, DEFAULT_READ_CHUNK, ObjectWriter, Store
 from fastload.storage._keys import ByteRange, ObjectMeta
+from fastload.storage._streams import reader_version
 from fastload.storage._wrapper import WrapperStore
 
 __all__ = ["LimitStore"]
@@ -183,6 +184,11 @@ class _LimitedReader(io.BufferedIOBase):
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         return self._inner.seek(offset, whence)
+
+    @property
+    def version(self) -> str | None:
+        """The object version the wrapped reader reads (see :func:`reader_version`)."""
+        return reader_version(self._inner)
 
     def tell(self) -> int:
         return self._inner.tell()

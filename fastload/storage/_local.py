@@ -12,7 +12,7 @@ import io
 import os
 import stat
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from fastload._fsutil import fsync_dir
@@ -43,6 +43,17 @@ __all__ = ["LocalStore", "make_scratch_dir", "remove_stale_temporaries"]
 
 _O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 _PATH_CACHE_SIZE = 1 << 16  # validated key -> path entries kept per store (then cleared)
+
+
+def _etag(st: os.stat_result) -> str:
+    """The etag of a file with status ``st``: changes when a write replaces it."""
+    return f"{st.st_mtime_ns:x}-{st.st_size:x}"
+
+
+class _LocalReader(io.BufferedReader):
+    """A file opened by :meth:`LocalStore.open_reader`, with the version it reads."""
+
+    version: str | None = None
 
 
 class _LocalWriter(ObjectWriter):
@@ -287,7 +298,7 @@ class LocalStore(Store):
             raise ObjectNotFoundError(
                 f"no object {self.child_url(key)} (it is a directory)", url=self.child_url(key)
             )
-        return ObjectMeta(key, st.st_size, st.st_mtime, f"{st.st_mtime_ns:x}-{st.st_size:x}")
+        return ObjectMeta(key, st.st_size, st.st_mtime, _etag(st))
 
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
         validate_prefix(prefix, url=self.url)
@@ -357,11 +368,16 @@ class LocalStore(Store):
             parent = os.path.dirname(parent)
 
     def open_reader(self, key: str, *, chunk_size: int = 0) -> io.BufferedIOBase:
+        """The file, opened for reading; its ``version`` is the etag :meth:`head` gives the file
+        opened (a file replaced meanwhile, as writes replace them, is not the one read)."""
         path = self._path(key)
         try:
-            return cast(io.BufferedIOBase, open(path, "rb", buffering=max(chunk_size, 1 << 20)))
+            raw = io.FileIO(path, "rb")
         except OSError as exc:
             raise self._translate(exc, key) from exc
+        reader = _LocalReader(raw, buffer_size=max(chunk_size, 1 << 20))
+        reader.version = _etag(os.fstat(raw.fileno()))
+        return reader
 
     def remove_stale_temporaries(self, prefix: str = "") -> builtins.list[str]:
         """Remove temporary files and scratch directories left by writers that died (killed

@@ -54,7 +54,7 @@ from fastload.errors import (
 )
 from fastload.storage._base import DEFAULT_COALESCE_BYTES, DEFAULT_READ_CHUNK, ObjectWriter, Store
 from fastload.storage._keys import ByteRange, ObjectMeta
-from fastload.storage._streams import SeekableReader
+from fastload.storage._streams import SeekableReader, reader_version
 from fastload.storage._wrapper import WrapperStore
 
 __all__ = ["RetryConfig", "RetryStore", "is_retryable", "unreachable_reason"]
@@ -390,12 +390,6 @@ class RetryStore(WrapperStore):
         return f"RetryStore({self._store!r}, {self._config!r})"
 
 
-def _version_of(reader: io.IOBase) -> str | None:
-    """The object version a store's reader reads (:attr:`SeekableReader.version`), if it says."""
-    raw = reader.raw if isinstance(reader, io.BufferedReader) else reader
-    return raw.version if isinstance(raw, SeekableReader) else None
-
-
 class _ResumingReader(SeekableReader):
     """A read-only stream over the wrapped store's reader that survives transient failures.
 
@@ -410,13 +404,13 @@ class _ResumingReader(SeekableReader):
         self._inner: io.BufferedIOBase | None = None
         self._version: str | None = None  # the object version the first open read
         self._inner = self._open()
-        self._version = _version_of(self._inner)
+        self._version = reader_version(self._inner)
 
     def _open(self) -> io.BufferedIOBase:
         def attempt() -> io.BufferedIOBase:
             reader = self._retry.inner.open_reader(self._key, chunk_size=self._chunk)
             if self._inner is None and self._version is not None:  # a reopen: same version?
-                now = _version_of(reader)
+                now = reader_version(reader)
                 if now != self._version:
                     reader.close()
                     url = self._retry.child_url(self._key)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import warnings
 from typing import Any
 from urllib.parse import urlsplit
@@ -191,21 +192,42 @@ def env_endpoint() -> str | None:
     return None
 
 
+#: botocore's data loader (the parsed endpoint table and S3 model), shared by the clients of a
+#: process and inherited by its forked children, by data path.
+_LOADERS: dict[Any, Any] = {}
+_LOADERS_LOCK = threading.Lock()
+
+
+def _share_data_loader(session: Any) -> None:
+    """Give the botocore ``session`` the process's data loader for its data path.
+
+    A fresh session parses botocore's JSON files (the endpoint table, the S3 model) again: about
+    0.13 CPU-s and, on a loaded machine, 0.3 s before the first request of every DataLoader
+    worker. The loader holds parsed data and file paths only (no sockets, no locks), so a forked
+    worker reusing its parent's is safe, and makes its client in about 0.015 CPU-s.
+    """
+    path = session.get_config_variable("data_path")
+    with _LOADERS_LOCK:
+        loader = _LOADERS.get(path)
+        if loader is None:
+            _LOADERS[path] = session.get_component("data_loader")
+        else:
+            session.register_component("data_loader", loader)
+
+
 def make_client(config: S3Config, url: str) -> Any:
     """A new boto3 S3 client for ``config`` (``url``, the store's, names it in errors)."""
-    boto3 = require("boto3", extra="s3", feature="the s3:// store")
+    require("boto3", extra="s3", feature="the s3:// store")
+    import botocore.session
     from botocore.config import Config
+    from botocore.exceptions import ProfileNotFound
 
     cfg = config
     style = cfg.addressing_style or ("path" if cfg.endpoint_url or env_endpoint() else "auto")
-    # A boto3 Session is not thread-safe: one per client (clients are made once per process).
-    session = boto3.session.Session(
-        aws_access_key_id=cfg.access_key_id,
-        aws_secret_access_key=cfg.secret_access_key,
-        aws_session_token=cfg.session_token,
-        profile_name=cfg.profile,
-        region_name=cfg.region,
-    )
+    # A botocore session is not thread-safe: one per client (clients are made once per
+    # process). A boto3 Session adds nothing a client needs, and would append boto3's data
+    # directory to the shared loader's search path on every client.
+    session = botocore.session.Session(profile=cfg.profile)
     botocore_config = Config(
         s3={"addressing_style": style},
         connect_timeout=cfg.connect_timeout,
@@ -219,7 +241,23 @@ def make_client(config: S3Config, url: str) -> Any:
         response_checksum_validation="when_required",
     )
     try:
-        return session.client("s3", endpoint_url=cfg.endpoint_url, config=botocore_config)
+        _share_data_loader(session)
+        return session.create_client(
+            "s3",
+            region_name=cfg.region,
+            endpoint_url=cfg.endpoint_url,
+            aws_access_key_id=cfg.access_key_id,
+            aws_secret_access_key=cfg.secret_access_key,
+            aws_session_token=cfg.session_token,
+            config=botocore_config,
+        )
+    except ProfileNotFound as exc:
+        profile = cfg.profile or os.environ.get("AWS_PROFILE")
+        raise InvalidArgumentError(
+            f"cannot open {url}: profile {profile!r} is in neither the config nor the "
+            "credentials file (~/.aws/config, ~/.aws/credentials, or AWS_CONFIG_FILE and "
+            "AWS_SHARED_CREDENTIALS_FILE); fix the profile option or AWS_PROFILE"
+        ) from exc
     except ValueError as exc:  # botocore: "Invalid endpoint" from the environment or config
         env = [f"{n}={redact(os.environ[n])}" for n in ENDPOINT_ENV_VARS if os.environ.get(n)]
         raise InvalidArgumentError(

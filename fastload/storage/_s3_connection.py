@@ -1,8 +1,10 @@
-"""One bucket on one S3 endpoint: the per-process boto3 client and thread pool, and the one
-place a request's errors are translated (:meth:`S3Connection.call`)."""
+"""One bucket on one S3 endpoint: the per-process boto3 client and thread pool, the one place a
+request's errors are translated (:meth:`S3Connection.call`), and :func:`ack_now`, which every
+response body is passed through before it is read."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -12,9 +14,40 @@ from fastload.errors import ObjectNotFoundError, StoreError
 from fastload.storage._s3_config import S3Config, env_endpoint, make_client
 from fastload.storage._s3_errors import ErrorContext, endpoint_name, translate
 
-__all__ = ["S3Connection"]
+__all__ = ["S3Connection", "ack_now", "response_socket"]
 
 T = TypeVar("T")
+
+#: ``TCP_QUICKACK`` where the platform has it (Linux), else None.
+_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
+
+
+def ack_now(body: Any) -> None:
+    """Acknowledge at once what the socket of a GET response ``body`` (botocore's
+    ``StreamingBody``) has received, so that the server sends the rest without delay.
+
+    Servers that write the headers and a short body in two writes with Nagle's algorithm on
+    (Ceph RGW's beast frontend unless ``tcp_nodelay=1``) hold the body until the headers are
+    acknowledged, and Linux delays that acknowledgement by 40 ms (the client just sent a
+    request, so the connection looks interactive): every GET of a small object or range then
+    takes 40 ms more. ``TCP_QUICKACK`` sends the pending acknowledgement now. Measured on the
+    local RGW (benchmarks/bench_stream.py): a 9 KB GET 45 ms -> 2 ms, a 100 KB range 11 ms ->
+    2.3 ms. A no-op where the platform lacks the option or the body exposes no socket
+    (a future botocore, a stubbed client).
+    """
+    sock = response_socket(body)
+    if _QUICKACK is None or sock is None:
+        return
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
+    except OSError:  # closed meanwhile, or not TCP: nothing to acknowledge
+        pass
+
+
+def response_socket(body: Any) -> socket.socket | None:
+    """The socket a botocore ``StreamingBody`` reads from (through urllib3), or None."""
+    sock = getattr(getattr(getattr(body, "_raw_stream", None), "connection", None), "sock", None)
+    return sock if isinstance(sock, socket.socket) else None
 
 
 class S3Connection:

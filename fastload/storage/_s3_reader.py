@@ -6,10 +6,14 @@ from typing import Any
 
 from fastload.errors import TransientStoreError
 from fastload.storage._base import SeekableReader
-from fastload.storage._s3_connection import S3Connection
+from fastload.storage._s3_connection import S3Connection, ack_now
 from fastload.storage._s3_errors import etag_of
 
-__all__ = ["S3StreamReader"]
+__all__ = ["READ_PIECE", "S3StreamReader"]
+
+#: Most bytes taken from the response body per read (a read of more returns fewer; readers and
+#: buffers above ask again).
+READ_PIECE = 1024 * 1024
 
 
 class S3StreamReader(SeekableReader):
@@ -48,6 +52,7 @@ class S3StreamReader(SeekableReader):
             self._etag = etag_of(resp.get("ETag"))
             self._object_size = int(resp["ContentLength"])
         self._body = resp["Body"]
+        ack_now(self._body)
 
     def _close_body(self) -> None:
         body, self._body = self._body, None
@@ -75,7 +80,10 @@ class S3StreamReader(SeekableReader):
         try:
             if self._body is None:
                 self._open_at(self._pos)
-            chunk = self._body.read(min(out.nbytes, self._object_size - self._pos))
+            # At most READ_PIECE bytes per read: urllib3 returns each read as a new bytes
+            # object, and pieces this small reuse freed memory instead of mapping new pages.
+            want = min(out.nbytes, self._object_size - self._pos, READ_PIECE)
+            chunk = self._body.read(want)
             if not chunk:
                 raise TransientStoreError(
                     f"stream of {self._url} ended at byte {self._pos} of {self._object_size}",

@@ -14,7 +14,7 @@ from fastload.storage._keys import ByteRange
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
 
-__all__ = ["CommitOnExit", "ObjectWriter", "RangedReader", "SeekableReader"]
+__all__ = ["CommitOnExit", "ObjectWriter", "RangedReader", "SeekableReader", "reader_version"]
 
 
 class CommitOnExit(ABC):
@@ -220,3 +220,14 @@ class RangedReader(SeekableReader):
         n = min(out.nbytes, len(self._buf) - rel)
         out[:n] = self._buf[rel : rel + n]
         return n
+
+
+def reader_version(reader: io.IOBase) -> str | None:
+    """The object version a store's reader reads: its ``version`` attribute, or that of the raw
+    stream under an :class:`io.BufferedReader` (:attr:`SeekableReader.version`); ``None`` where
+    the reader cannot tell (a store without versions, the default ranged reader)."""
+    for layer in (reader, getattr(reader, "raw", None)):
+        version = getattr(layer, "version", None)
+        if isinstance(version, str):
+            return version
+    return None

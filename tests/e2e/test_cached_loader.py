@@ -115,6 +115,12 @@ def first_read_order(ds: Dataset, stream: Any, worker: int, num_workers: int) ->
     return seen
 
 
+def first_batch_shards(ds: Dataset, stream: Any, worker: int, num_workers: int) -> list[int]:
+    """The shards the worker's first batch reads, in the order it reads them."""
+    step = int(stream.partition.worker_steps(0, worker, num_workers)[0])
+    return sorted(set(stream._plan(ds.order(stream.epoch), step, 0).shards.tolist()))
+
+
 def is_subsequence(part: list[int], whole: list[int]) -> bool:
     it = iter(whole)
     return all(x in it for x in part)
@@ -148,10 +154,15 @@ def test_each_worker_prefetches_its_next_shards_in_order(
             ]
         expected = first_read_order(ds, stream, worker, num_workers)
         # Shards in the order the worker's batches first read them, each at most once; the
-        # first batch's shards are read at once, not prefetched.
+        # shard each batch's reads start with is read at once, not prefetched, the first
+        # batch's others are (its reads walk them one after the other).
         assert len(requested) == len(set(requested))
         assert is_subsequence(requested, expected)
         assert requested
+        first = first_batch_shards(ds, stream, worker, num_workers)
+        assert len(first) > 1 or block_size is None  # block shuffle: a batch spans shards
+        assert first[0] not in requested
+        assert requested[: len(first) - 1] == first[1:]
         if block_size is None and window == 1:
             # The streaming shuffle with shard-sized batches: one shard per batch, in the
             # epoch's shard order; every shard after the first batch's is prefetched.

@@ -3,35 +3,45 @@
 from __future__ import annotations
 
 import fcntl
+import io
 import multiprocessing
 import os
 import pickle
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from fastload.errors import InvalidArgumentError, ObjectNotFoundError
+from fastload.errors import (
+    InvalidArgumentError,
+    ObjectNotFoundError,
+    StoreError,
+    TransientStoreError,
+)
 from fastload.storage import ByteRange, LocalStore, ObjectMeta, Store
+from fastload.storage._base import DEFAULT_READ_CHUNK
 from fastload.storage._cache import CachingStore, parse_size
+from fastload.storage._streams import reader_version
 from fastload.storage._wrapper import WrapperStore
 from fastload.testing.store import StoreTests
 
 
 class CountingStore(WrapperStore):
-    """Counts downloads (gets from byte 0: a cache fill reads the object in ranged gets) in a
-    file, so counts add up across processes."""
+    """Counts downloads (a cache fill streams the object through ``open_reader``) in a file, so
+    counts add up across processes."""
 
     def __init__(self, store: Store, counter: str) -> None:
         super().__init__(store)
         self.counter = counter
 
-    def get(self, key: str, byte_range: ByteRange | None = None) -> bytes:
-        if byte_range is None or byte_range.start == 0:
-            with open(self.counter, "a") as f:
-                f.write(key + "\n")
-            time.sleep(0.05)  # widen the window in which a second process could start a download
-        return super().get(key, byte_range)
+    def open_reader(self, key: str, *, chunk_size: int = DEFAULT_READ_CHUNK) -> io.BufferedIOBase:
+        with open(self.counter, "a") as f:
+            f.write(key + "\n")
+        time.sleep(0.05)  # widen the window in which a second process could start a download
+        return super().open_reader(key, chunk_size=chunk_size)
 
 
 def downloads(counter: str) -> list[str]:
@@ -160,9 +170,11 @@ def test_sigkilled_fill_leaves_no_partial_object(remote: LocalStore, tmp_path: P
     big.put("big.bin", os.urandom(4 << 20))
 
     class SlowStore(WrapperStore):
-        def get(self, key: str, byte_range: ByteRange | None = None) -> bytes:
+        def open_reader(
+            self, key: str, *, chunk_size: int = DEFAULT_READ_CHUNK
+        ) -> io.BufferedIOBase:
             time.sleep(30)
-            return super().get(key, byte_range)
+            return super().open_reader(key, chunk_size=chunk_size)
 
     cache_dir = tmp_path / "cache"
     ctx = multiprocessing.get_context("fork")
@@ -219,7 +231,7 @@ class BudgetProbe(WrapperStore):
         super().__init__(store)
         self.cache_dir, self.log = cache_dir, log
 
-    def get(self, key: str, byte_range: ByteRange | None = None) -> bytes:
+    def open_reader(self, key: str, *, chunk_size: int = DEFAULT_READ_CHUNK) -> io.BufferedIOBase:
         held = 0
         # Under the cache's eviction lock, so no eviction + reservation happens mid-scan (a fill
         # finishing mid-scan can only make this undercount).
@@ -238,7 +250,7 @@ class BudgetProbe(WrapperStore):
         with open(self.log, "a") as f:
             f.write(f"{held}\n")
         time.sleep(0.05)  # keep fills overlapping
-        return super().get(key, byte_range)
+        return super().open_reader(key, chunk_size=chunk_size)
 
 
 def test_concurrent_fills_keep_the_budget(remote: LocalStore, tmp_path: Path) -> None:
@@ -259,34 +271,170 @@ def test_concurrent_fills_keep_the_budget(remote: LocalStore, tmp_path: Path) ->
     assert cache.cached_bytes() <= budget
 
 
-def test_large_objects_fill_in_chunks_and_detect_changes(
-    remote: LocalStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_fill_streams_one_version_and_copies_again_after_a_change(
+    remote: LocalStore, tmp_path: Path
 ) -> None:
-    from fastload.storage import _cache
+    opened: list[str | None] = []
 
-    monkeypatch.setattr(_cache, "FILL_CHUNK", 256)
+    class ReplacedBeforeOpen(WrapperStore):
+        """Replaces the object once, after the fill's head and before its read."""
+
+        def open_reader(
+            self, key: str, *, chunk_size: int = DEFAULT_READ_CHUNK
+        ) -> io.BufferedIOBase:
+            if not opened:
+                remote.put(key, b"\x07" * 900)
+            reader = super().open_reader(key, chunk_size=chunk_size)
+            opened.append(reader_version(reader))
+            return reader
+
+    cache = CachingStore(ReplacedBeforeOpen(remote), tmp_path / "cache", 100_000)
+    assert cache.get("shard-2.tar") == b"\x07" * 900  # the new version, read whole
+    new_meta = remote.head("shard-2.tar")
+    # The first read named a version other than the head's: copied again after a new head.
+    assert opened == [new_meta.etag, new_meta.etag]
+    assert cache.head("shard-2.tar") == new_meta
+    assert cache.stats()["bytes_downloaded"] == 900
+    assert cache.stats()["requests"] == 4  # head, read, head, read: no head after a read
+
+
+def test_a_reader_without_versions_is_checked_by_a_second_head(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fastload.storage import MemoryStore, _cache_fill
+
+    monkeypatch.setattr(_cache_fill, "FILL_BUFFER", 100_000)  # read in several ranged gets
+    remote = MemoryStore(f"cache-fill-{tmp_path.name}")
+    remote.put("obj", b"\x01" * 300_000)
     ranges: list[ByteRange | None] = []
 
     class Rewriting(WrapperStore):
-        """Replaces the object once, between the second and third chunk of a fill."""
+        """Replaces the object once, between the second and third ranged get of a fill."""
 
         def get(self, key: str, byte_range: ByteRange | None = None) -> bytes:
             ranges.append(byte_range)
             data = super().get(key, byte_range)
             if len(ranges) == 2:
-                remote.put(key, b"\x07" * 1000)
+                remote.put(key, b"\x07" * 300_000)
             return data
 
-    cache = CachingStore(Rewriting(remote), tmp_path / "cache", 100_000)
-    assert cache.get("shard-2.tar") == b"\x07" * 1000  # the new version, never a mix
-    assert ranges[:4] == [
-        ByteRange(0, 256),
-        ByteRange(256, 512),
-        ByteRange(512, 768),
-        ByteRange(768, 1000),
+        def open_reader(
+            self, key: str, *, chunk_size: int = DEFAULT_READ_CHUNK
+        ) -> io.BufferedIOBase:
+            reader = Store.open_reader(self, key, chunk_size=1000)  # ranged gets through get()
+            assert reader_version(reader) is None
+            return reader
+
+    cache = CachingStore(Rewriting(remote), tmp_path / "cache", 1_000_000)
+    assert cache.get("obj") == b"\x07" * 300_000  # the new version, never a mix
+    assert ranges[:3] == [
+        ByteRange(0, 100_000),
+        ByteRange(100_000, 200_000),
+        ByteRange(200_000, 300_000),
     ]
-    assert len(ranges) == 8  # copied again after the change was seen
-    assert cache.stats()["bytes_downloaded"] == 1000
+    assert len(ranges) == 6  # copied again after the second head saw the change
+    assert cache.stats()["bytes_downloaded"] == 300_000
+    assert cache.head("obj") == remote.head("obj")
+
+
+def test_an_object_rewritten_during_every_fill_is_refused_by_name(
+    remote: LocalStore, tmp_path: Path
+) -> None:
+    class AlwaysReplaced(WrapperStore):
+        def open_reader(
+            self, key: str, *, chunk_size: int = DEFAULT_READ_CHUNK
+        ) -> io.BufferedIOBase:
+            remote.put(key, os.urandom(int.from_bytes(os.urandom(2)) % 500 + 1001))
+            return super().open_reader(key, chunk_size=chunk_size)
+
+    cache = CachingStore(AlwaysReplaced(remote), tmp_path / "cache", 100_000)
+    with pytest.raises(StoreError, match=r"shard-3\.tar.*changed during each of 3 downloads"):
+        cache.get("shard-3.tar")
+    assert cache.cached_bytes() == 0
+    assert os.listdir(tmp_path / "cache" / "tmp") == []
+
+
+class _Gate:
+    """Set by a GatedStore reader when it is halfway through its object (``halfway``); the
+    reader waits for ``release`` before going on."""
+
+    def __init__(self) -> None:
+        self.halfway = threading.Event()
+        self.release = threading.Event()
+
+
+class GatedStore(WrapperStore):
+    """Its readers stop halfway through an object until the gate opens; they fail there
+    instead when ``fail`` is set."""
+
+    def __init__(self, store: Store, gate: _Gate, fail: bool = False) -> None:
+        super().__init__(store)
+        self.gate, self.fail = gate, fail
+
+    def open_reader(self, key: str, *, chunk_size: int = DEFAULT_READ_CHUNK) -> io.BufferedIOBase:
+        data = self._store.get(key)
+        gate, fail = self.gate, self.fail
+
+        class Reader(io.RawIOBase):
+            pos = 0
+
+            def readable(self) -> bool:
+                return True
+
+            def readinto(self, out: Any) -> int:
+                if self.pos == len(data) // 2:
+                    gate.halfway.set()
+                    gate.release.wait(30)
+                    if fail:
+                        raise TransientStoreError("connection dropped", url="mem://x")
+                end = len(data) // 2 if self.pos < len(data) // 2 else len(data)
+                n = min(len(out), end - self.pos)
+                out[:n] = data[self.pos : self.pos + n]
+                self.pos += n
+                return n
+
+        return io.BufferedReader(Reader())
+
+
+def test_a_fill_in_progress_is_invisible_and_skipped_by_prefetch(
+    remote: LocalStore, tmp_path: Path
+) -> None:
+    gate = _Gate()
+    cache = CachingStore(GatedStore(remote, gate), tmp_path / "cache", 100_000)
+    with ThreadPoolExecutor(1) as pool:
+        filling = pool.submit(cache.get, "shard-4.tar")
+        assert gate.halfway.wait(30)
+        # Half the object is in the temporary file; nothing is visible under objects/.
+        assert cache.cached_bytes() == 0
+        assert len(os.listdir(tmp_path / "cache" / "tmp")) == 1
+        view = CachingStore(remote, tmp_path / "cache", 100_000)  # another process's view
+        assert view.cached_bytes() == 0
+        # A prefetch of it returns at once (the fill is another thread's) and downloads nothing.
+        cache.prefetch(["shard-4.tar"])
+        cache.wait_prefetch(timeout=30)
+        assert cache.stats()["prefetched"] == 0
+        assert cache.stats()["downloads"] == 0
+        gate.release.set()
+        assert filling.result(30) == bytes([4]) * 1000
+    assert cache.stats()["downloads"] == 1
+    assert view.get("shard-4.tar") == bytes([4]) * 1000
+    assert view.stats()["hits"] == 1
+    cache.close()
+
+
+def test_a_failed_fill_leaves_nothing_and_raises_the_stores_error(
+    remote: LocalStore, tmp_path: Path
+) -> None:
+    gate = _Gate()
+    gate.release.set()
+    cache = CachingStore(GatedStore(remote, gate, fail=True), tmp_path / "cache", 100_000)
+    with pytest.raises(TransientStoreError, match="connection dropped"):
+        cache.get("shard-5.tar")
+    assert cache.cached_bytes() == 0
+    assert os.listdir(tmp_path / "cache" / "tmp") == []
+    assert cache.stats()["downloads"] == 0
+    ok = CachingStore(remote, tmp_path / "cache", 100_000)  # the next fill starts afresh
+    assert ok.get("shard-5.tar") == bytes([5]) * 1000
 
 
 class HeadCounter(WrapperStore):
