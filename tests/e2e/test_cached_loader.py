@@ -118,7 +118,7 @@ def first_read_order(ds: Dataset, stream: Any, worker: int, num_workers: int) ->
 def first_batch_shards(ds: Dataset, stream: Any, worker: int, num_workers: int) -> list[int]:
     """The shards the worker's first batch reads, in the order it reads them."""
     step = int(stream.partition.worker_steps(0, worker, num_workers)[0])
-    return sorted(set(stream._plan(ds.order(stream.epoch), step, 0).shards.tolist()))
+    return sorted(set(stream._reads.plan(ds.order(stream.epoch), step, 0).shards.tolist()))
 
 
 def is_subsequence(part: list[int], whole: list[int]) -> bool:
