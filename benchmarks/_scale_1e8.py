@@ -169,11 +169,18 @@ def _worst(prints: Iterable[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def child_epoch_1e8(n: int, root: str, timed: str) -> dict[str, Any]:
-    """One measurement of the ``epoch-1e8-*`` series (see module doc): ``samples_per_s`` over
-    ``timed`` samples after 2 warm-up batches; ``startup_s``, ``first_batch_s``; the workers'
-    footprints at the end (``workers``: one per worker, and their largest figures at the top
-    level) and the dataset's page-cache fraction before the start (``cached``)."""
+def child_epoch_1e8(n: int, root: str, timed: str, later: str = "0") -> dict[str, Any]:
+    """One measurement of the ``epoch-1e8-*`` series (see module doc).
+
+    ``samples_per_s`` over the first ``timed`` samples of the epoch (after 2 warm-up batches:
+    every per-shard cost of a worker's first reads falls in it); with ``later`` > 0, also
+    ``later_per_s`` over the ``later`` samples that follow (the steady rate, once every shard is
+    open). ``epoch_per_s``: ``n`` over start-up plus the time of those spans plus the rest of the
+    epoch at the last span's rate (an estimate, not a measured epoch, unless the spans cover it).
+    ``startup_s`` (``open_dataset`` + ``DataLoader``), ``first_batch_s``; the workers' footprints
+    at the end (``workers``: one per worker; their largest figures at the top level); the
+    dataset's page-cache fraction before the start (``cached``); the 1-minute load at the end.
+    """
     from fastload import DataLoader, open_dataset
 
     cached = _page_cached(root)
@@ -184,16 +191,26 @@ def child_epoch_1e8(n: int, root: str, timed: str) -> dict[str, Any]:
     first = _FirstBatch(batches)
     t1 = time.perf_counter()
     result = time_batches(first, int(timed))
+    seen, spent, rate = result["samples"], result["total_seconds"], 0.0
+    if int(later) > 0:  # the same iterator goes on; every sample of this span counts
+        steady = time_batches(batches, int(later), warmup=0)
+        rate = steady["samples"] / steady["seconds"]
+        seen, spent = seen + steady["samples"], spent + steady["seconds"]
     me = Path("/proc/self/cmdline").read_bytes()  # the workers are forked: the same
     workers = [p for p in children(os.getpid()) if Path(f"/proc/{p}/cmdline").read_bytes() == me]
     prints = [footprint(pid, root) for pid in sorted(workers)]
     del batches
+    first_rate = result["samples"] / result["seconds"]
+    rest = max(0, n - seen) / (rate or first_rate)
     return {
         **result,
-        "samples_per_s": result["samples"] / result["seconds"],
+        "samples_per_s": first_rate,
+        "later_per_s": rate,
+        "epoch_per_s": n / (startup + spent + rest),
         "startup_s": startup,
         "first_batch_s": first.at - t1,
         "cached": cached,
+        "load": os.getloadavg()[0],
         "workers": prints,
         **_worst(prints),
     }
