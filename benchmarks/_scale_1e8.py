@@ -147,6 +147,19 @@ def footprint(pid: int, root: str) -> dict[str, float]:
     }
 
 
+def _tree_cpu() -> float:
+    """CPU seconds (user + system) of this process and its live children (the loader's workers)
+    so far, from ``/proc/PID/stat``; on a shared machine the CPU a sample costs moves less with
+    the load than the wall time does."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in [os.getpid(), *children(os.getpid())]:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / ticks
+
+
 class _FirstBatch:
     """Wraps an iterator of batches; records the ``perf_counter`` time of the first batch."""
 
@@ -175,7 +188,8 @@ def child_epoch_1e8(n: int, root: str, timed: str, later: str = "0") -> dict[str
     ``samples_per_s`` over the first ``timed`` samples of the epoch (after 2 warm-up batches:
     every per-shard cost of a worker's first reads falls in it); with ``later`` > 0, also
     ``later_per_s`` over the ``later`` samples that follow (the steady rate, once every shard is
-    open). ``epoch_per_s``: ``n`` over start-up plus the time of those spans plus the rest of the
+    open). ``cpu_us``, ``later_cpu_us``: CPU microseconds (this process and the workers, user +
+    system) per sample over each span. ``epoch_per_s``: ``n`` over start-up plus the time of those spans plus the rest of the
     epoch at the last span's rate (an estimate, not a measured epoch, unless the spans cover it).
     ``startup_s`` (``open_dataset`` + ``DataLoader``), ``first_batch_s``; the workers' footprints
     at the end (``workers``: one per worker; their largest figures at the top level); the
@@ -190,11 +204,12 @@ def child_epoch_1e8(n: int, root: str, timed: str, later: str = "0") -> dict[str
     batches = iter(loader)  # held until the footprints are taken: the workers stay alive
     first = _FirstBatch(batches)
     t1 = time.perf_counter()
-    result = time_batches(first, int(timed))
-    seen, spent, rate = result["samples"], result["total_seconds"], 0.0
+    result = time_batches(first, int(timed), cpu_clock=_tree_cpu)
+    seen, spent, rate, later_cpu = result["samples"], result["total_seconds"], 0.0, 0.0
     if int(later) > 0:  # the same iterator goes on; every sample of this span counts
-        steady = time_batches(batches, int(later), warmup=0)
+        steady = time_batches(batches, int(later), warmup=0, cpu_clock=_tree_cpu)
         rate = steady["samples"] / steady["seconds"]
+        later_cpu = steady["cpu_seconds"] / steady["samples"] * 1e6
         seen, spent = seen + steady["samples"], spent + steady["seconds"]
     me = Path("/proc/self/cmdline").read_bytes()  # the workers are forked: the same
     workers = [p for p in children(os.getpid()) if Path(f"/proc/{p}/cmdline").read_bytes() == me]
@@ -206,6 +221,8 @@ def child_epoch_1e8(n: int, root: str, timed: str, later: str = "0") -> dict[str
         **result,
         "samples_per_s": first_rate,
         "later_per_s": rate,
+        "cpu_us": result["cpu_seconds"] / result["samples"] * 1e6,
+        "later_cpu_us": later_cpu,
         "epoch_per_s": n / (startup + spent + rest),
         "startup_s": startup,
         "first_batch_s": first.at - t1,

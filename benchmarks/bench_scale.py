@@ -157,6 +157,8 @@ SERIES = (
                 ("samples_per_s", "samples/s"),
                 ("later_per_s", "later /s"),
                 ("epoch_per_s", "epoch /s est"),
+                ("cpu_us", "CPU us/smp"),
+                ("later_cpu_us", "later CPU us"),
                 ("startup_s", "start-up s"),
                 ("first_batch_s", "1st batch s"),
                 ("fds", "fds/worker"),
@@ -418,7 +420,7 @@ def run_series(series: Series, quick: bool, rounds: int = 1) -> dict[str, Any]:
         ratio = rows[-1][series.figures[0][0]] / rows[0][series.figures[0][0]]
         print(f"{rows[-1]['size']:,} / {rows[0]['size']:,}: {ratio:.2f}x")
     print()
-    return {"what": series.what, "rows": rows, "slopes": slopes}
+    return {"what": series.what, "rows": rows, "slopes": slopes, "runs": runs}
 
 
 def _median(runs: list[dict[str, Any]], series: Series) -> dict[str, Any]:
