@@ -1,6 +1,6 @@
 """The growth study of issue 17: how each cost grows with the dataset, fitted as log-log slopes.
 
-Six series, each at two or three sizes, every measurement in a fresh child process
+Eight kinds of series, each at two or three sizes, every measurement in a fresh child process
 (:func:`benchmarks._harness.run_child`), through the public API only, so that the same script
 measures the code as it is changed:
 
@@ -24,8 +24,12 @@ measures the code as it is changed:
    epoch (start-up included; batch 256, 2 workers) over the same 10^6 ~16-byte samples
    (``--quick``: 10^5) cut into 10, 100 and 1,000 shards: the shard count alone grows, so every
    per-shard cost (opening, index parsing, the reader LRU's reopening) shows in the slope.
-   Sizes up to 10^8 samples in 1,000 shards (the issue's) need ~10 GB of LMDB and ~200 GB of
-   WebDataset (a tar member costs >= 1 KiB): the shard count is scaled instead.
+8. ``epoch-1e8-lmdb``, ``epoch-1e8-tfrecord``: the issue's point, 10^6 and 10^8 ~16-byte samples
+   in shards of 10^5 (10 and 1,000 shards), written straight with the shard writers
+   (:mod:`benchmarks._scale_1e8`): samples/s over the first 960,000 samples at both sizes, at
+   10^8 also over the 2,000,000 after them, an epoch-rate estimate, CPU per sample, start-up,
+   first batch, and each worker's descriptors and mappings at the end. (WebDataset at 10^8
+   samples would take 205 GB: a tar member costs >= 1 KiB.)
 
 For each series the table gives the figure at each size and the slope ``k`` between consecutive
 sizes, ``log(f2 / f1) / log(n2 / n1)``: 0 is flat, 1 linear in the size (for a rate, -1 means
