@@ -1,6 +1,6 @@
 """The growth study of issue 17: how each cost grows with the dataset, fitted as log-log slopes.
 
-Six series, each at two or three sizes, every measurement in a fresh child process
+Eight kinds of series, each at two or three sizes, every measurement in a fresh child process
 (:func:`benchmarks._harness.run_child`), through the public API only, so that the same script
 measures the code as it is changed:
 
@@ -24,8 +24,12 @@ measures the code as it is changed:
    epoch (start-up included; batch 256, 2 workers) over the same 10^6 ~16-byte samples
    (``--quick``: 10^5) cut into 10, 100 and 1,000 shards: the shard count alone grows, so every
    per-shard cost (opening, index parsing, the reader LRU's reopening) shows in the slope.
-   Sizes up to 10^8 samples in 1,000 shards (the issue's) need ~10 GB of LMDB and ~200 GB of
-   WebDataset (a tar member costs >= 1 KiB): the shard count is scaled instead.
+8. ``epoch-1e8-lmdb``, ``epoch-1e8-tfrecord``: the issue's point, 10^6 and 10^8 ~16-byte samples
+   in shards of 10^5 (10 and 1,000 shards), written straight with the shard writers
+   (:mod:`benchmarks._scale_1e8`): samples/s over the first 960,000 samples at both sizes, at
+   10^8 also over the 2,000,000 after them, an epoch-rate estimate, CPU per sample, start-up,
+   first batch, and each worker's descriptors and mappings at the end. (WebDataset at 10^8
+   samples would take 205 GB: a tar member costs >= 1 KiB.)
 
 For each series the table gives the figure at each size and the slope ``k`` between consecutive
 sizes, ``log(f2 / f1) / log(n2 / n1)``: 0 is flat, 1 linear in the size (for a rate, -1 means
@@ -54,7 +58,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks._harness import REPO, Table, emit_result, run_child, time_batches
+from benchmarks._harness import REPO, Table, alternating, emit_result, run_child, time_batches
+from benchmarks._scale_1e8 import build_sixteen, child_epoch_1e8
 from benchmarks.corpus import DEFAULT_ROOT
 
 ROOT = Path(DEFAULT_ROOT) / "scale"
@@ -67,6 +72,13 @@ EPOCH_SAMPLES = 200_000
 SHARDS_SAMPLES = 10**6
 #: Formats of the ``shards-*`` series.
 SHARDS_FORMATS = ("lmdb", "tfrecord", "webdataset")
+#: Formats of the ``epoch-1e8-*`` series (WebDataset: ~200 GB at 10^8 samples, see README).
+E8_FORMATS = ("lmdb", "tfrecord")
+#: Samples per shard of the ``epoch-1e8-*`` datasets; samples timed from the start at every size
+#: (the 10^6 epoch less 40,000: its workers must still be alive for their footprints); then,
+#: where the epoch is long enough, samples timed after those (the steady rate) (``--quick``:
+#: 10^3, 9,000 and 20,000).
+E8_SHARD, E8_TIMED, E8_LATER = 10**5, 960_000, 2_000_000
 #: Samples per shard of the ``verify`` datasets.
 VERIFY_SHARD = 10
 #: ``state_dict()`` calls timed per run (the median is reported).
@@ -139,6 +151,28 @@ SERIES = (
         )
         for fmt in SHARDS_FORMATS
     ),
+    *(
+        Series(
+            f"epoch-1e8-{fmt}",
+            "samples",
+            (10**6, 10**8),
+            (10**4, 10**6),
+            (
+                ("samples_per_s", "samples/s"),
+                ("later_per_s", "later /s"),
+                ("epoch_per_s", "epoch /s est"),
+                ("cpu_us", "CPU us/smp"),
+                ("later_cpu_us", "later CPU us"),
+                ("startup_s", "start-up s"),
+                ("first_batch_s", "1st batch s"),
+                ("fds", "fds/worker"),
+                ("data_map_mb", "mapped MB"),
+                ("data_rss_mb", "mapped RSS"),
+                ("anon_mb", "anon MB"),
+            ),
+        )
+        for fmt in E8_FORMATS
+    ),
 )
 
 
@@ -189,6 +223,11 @@ def prepare(series: Series, n: int, quick: bool) -> list[str]:
         src = _jsonl(ROOT / f"sixteen-{total}.jsonl", total, _sixteen)
         root = _converted(f"shards-{fmt}-{n}x{total // n}", src, fmt=fmt, shard_samples=total // n)
         return [str(root), str(total)]
+    if series.name.startswith("epoch-1e8-"):
+        fmt = series.name.removeprefix("epoch-1e8-")
+        shard, timed, later = (10**3, 9_000, 20_000) if quick else (E8_SHARD, E8_TIMED, E8_LATER)
+        root = build_sixteen(ROOT / f"sixteen-{fmt}-{n}-{shard}", fmt, n, shard)
+        return [str(root), str(timed), str(later if n > 2 * (timed + later) else 0)]
     if series.name == "verify":
         src = _jsonl(ROOT / f"sixteen-{n * VERIFY_SHARD}.jsonl", n * VERIFY_SHARD, _sixteen)
         name = f"verify-wds-{n}x{VERIFY_SHARD}"
@@ -326,6 +365,7 @@ CHILDREN: dict[str, Callable[..., dict[str, Any]]] = {
     "verify": child_verify,
     "convert-first-shard": child_convert_first_shard,
     **{f"shards-{fmt}": child_shards for fmt in SHARDS_FORMATS},
+    **{f"epoch-1e8-{fmt}": child_epoch_1e8 for fmt in E8_FORMATS},
 }
 
 
@@ -351,17 +391,16 @@ def run_series(series: Series, quick: bool, rounds: int = 1) -> dict[str, Any]:
             argv[n] = prepare(series, n, quick)
         except subprocess.CalledProcessError as exc:
             argv[n] = f"building the input failed: {exc}"
-    for r in range(rounds):
-        for n in sizes:
-            args = argv[n]
-            if isinstance(args, str):
-                runs[n].append({"error": args})
-                continue
-            cmd = [sys.executable, "-m", "benchmarks.bench_scale", "--child", series.name, str(n)]
-            runs[n].append(run_child(cmd + args, timeout=CHILD_TIMEOUT))
-            if rounds > 1:
-                first = series.figures[0][0]
-                print(f"  round {r + 1} {n:,}: {_fmt(runs[n][-1].get(first, 0.0))}", flush=True)
+    for r, n in alternating(sizes, rounds):
+        args = argv[n]
+        if isinstance(args, str):
+            runs[n].append({"error": args})
+            continue
+        cmd = [sys.executable, "-m", "benchmarks.bench_scale", "--child", series.name, str(n)]
+        runs[n].append(run_child(cmd + args, timeout=CHILD_TIMEOUT))
+        if rounds > 1:
+            figure = runs[n][-1].get(series.figures[0][0], 0.0)
+            print(f"  round {r} {n:,}: {_fmt(figure)} (load {os.getloadavg()[0]:.1f})", flush=True)
     rows = [{"size": n, **_median(runs[n], series)} for n in sizes]
     table = Table((series.what, 12), *((title, 12) for _, title in series.figures), ("k", 14))
     print(table.header())
@@ -381,8 +420,11 @@ def run_series(series: Series, quick: bool, rounds: int = 1) -> dict[str, Any]:
             k = "-" if ks is None else f"{ks:+.2f}"
         print(table.row(f"{row['size']:,}", *cells, k), flush=True)
         previous = row
+    if len(rows) == 2 and len(slopes) == 1 and slopes[0][series.figures[0][0]] is not None:
+        ratio = rows[-1][series.figures[0][0]] / rows[0][series.figures[0][0]]
+        print(f"{rows[-1]['size']:,} / {rows[0]['size']:,}: {ratio:.2f}x")
     print()
-    return {"what": series.what, "rows": rows, "slopes": slopes}
+    return {"what": series.what, "rows": rows, "slopes": slopes, "runs": runs}
 
 
 def _median(runs: list[dict[str, Any]], series: Series) -> dict[str, Any]:
