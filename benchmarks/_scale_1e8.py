@@ -30,8 +30,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from benchmarks._harness import child_pids as children
 from benchmarks._harness import time_batches
-from benchmarks.bench_soak import children, count_fds
+from benchmarks.bench_soak import count_fds
 
 __all__ = ["build_sixteen", "child_epoch_1e8", "footprint"]
 
