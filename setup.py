@@ -16,7 +16,6 @@ setup(
             "fastload.loader._jpegroi",
             sources=["fastload/loader/_jpegroi.c"],
             libraries=["jpeg"],
-            extra_compile_args=["-O2"],
             optional=True,
         )
     ]

@@ -34,7 +34,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from benchmarks._proctree import child_pids, status_kb, tree_cpu_seconds, tree_memory
+from benchmarks._proctree import (
+    child_pids,
+    count_fds,
+    status_kb,
+    tree_cpu_seconds,
+    tree_memory,
+)
 
 __all__ = [
     "EpochError",
@@ -47,6 +53,7 @@ __all__ = [
     "batch_size",
     "check_labels",
     "child_pids",
+    "count_fds",
     "counting_labels",
     "dali_batches",
     "emit_result",

@@ -15,7 +15,7 @@ import resource
 import time
 from typing import Any
 
-__all__ = ["child_pids", "status_kb", "tree_cpu_seconds", "tree_memory"]
+__all__ = ["child_pids", "count_fds", "status_kb", "tree_cpu_seconds", "tree_memory"]
 
 
 def _stat_fields(pid: int | str) -> list[str] | None:
@@ -37,6 +37,14 @@ def child_pids(pid: int) -> list[int]:
             if fields is not None and int(fields[1]) == pid and fields[0] != "Z":
                 out.append(int(entry.name))
     return sorted(out)
+
+
+def count_fds(pid: int) -> int:
+    """Open file descriptors of ``pid`` (0 when it is gone)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except (FileNotFoundError, ProcessLookupError):
+        return 0
 
 
 def tree_cpu_seconds() -> float:

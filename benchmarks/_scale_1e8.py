@@ -31,8 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._harness import child_pids as children
-from benchmarks._harness import time_batches
-from benchmarks.bench_soak import count_fds
+from benchmarks._harness import count_fds, time_batches
 
 __all__ = ["build_sixteen", "child_epoch_1e8", "footprint"]
 

@@ -23,33 +23,18 @@ from benchmarks._harness import REPO, alternating, emit_result, run_child
 from benchmarks.corpus import ensure_corpus
 
 _CHILD = r"""
-import json, os, sys, time
-repo, shards, workload = sys.argv[1], sys.argv[2], sys.argv[3]
-sys.path.insert(0, repo)
-import torch
+import json, sys, time
+here, repo, shards, workload = sys.argv[1:5]
+sys.path.insert(0, here)  # this checkout's harness (standard library only: no fastload import)
+from benchmarks._harness import tree_cpu_seconds, warm
+sys.path.insert(0, repo)  # fastload from the checkout under test
 from pathlib import Path
+import torch
 import fastload.loader as fl
 from fastload.loader.decode import Decoder
 from fastload.loader.transforms import ImageTrainTransform
-tick = os.sysconf("SC_CLK_TCK")
 
-def cpu():
-    total = time.process_time()
-    for e in os.scandir("/proc"):
-        if e.name.isdigit():
-            try:
-                f = open(f"/proc/{e.name}/stat").read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(f[1]) == os.getpid():
-                total += (int(f[11]) + int(f[12])) / tick
-    return total
-
-buf = bytearray(4 << 20)
-for p in sorted(Path(shards).glob("*.tar")):
-    with open(p, "rb", buffering=0) as f:
-        while f.readinto(buf):
-            pass
+warm(sorted(Path(shards).glob("*.tar")))
 torch.set_num_threads(1)
 t0 = time.perf_counter()
 if workload == "train":
@@ -67,9 +52,9 @@ for i, (x, y) in enumerate(fl.DataLoader(ds, batch_size=bs, num_workers=2)):
     if i == 0:
         first = time.perf_counter() - t0
     if i == 1:
-        ts, cs, ns = time.perf_counter(), cpu(), n
+        ts, cs, ns = time.perf_counter(), tree_cpu_seconds(), n
     if n >= total - bs:
-        last_cpu = cpu()  # before the workers exit
+        last_cpu = tree_cpu_seconds()  # before the workers exit
 t1 = time.perf_counter()
 print("RESULT " + json.dumps({"epoch_rate": n / (t1 - t0), "steady_rate": (n - ns) / (t1 - ts),
       "first_batch_s": first, "cpu_us_per_sample": (last_cpu - cs) / (n - ns) * 1e6, "n": n}))
@@ -90,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
     for r, name in alternating(list(trees), args.rounds):
         res = run_child(
-            [sys.executable, "-c", _CHILD, trees[name], str(shards), args.workload], timeout=900
+            [sys.executable, "-c", _CHILD, str(REPO), trees[name], str(shards), args.workload],
+            timeout=900,
         )
         runs[name].append(res)
         print(f"round {r} {name:6s} {json.dumps(res)}", flush=True)

@@ -61,13 +61,10 @@ from benchmarks._harness import (
     time_epoch,
     tree_cpu_seconds,
 )
-from benchmarks._loader_children import corpus_labels
+from benchmarks._loader_children import MEAN, STD, WORKERS, corpus_labels
 from benchmarks.corpus import Corpus, FileBytes, ensure_corpus
 
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
 BATCH = 64
-WORKERS = 2
 
 # ---------------------------------------------------------------------------------------------
 # Child side (runs in the peers' interpreter, where ffcv imports)

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks._harness import child_pids, status_kb
+from benchmarks._harness import child_pids, count_fds, status_kb
 
 BUCKET = "fastload-bench-soak"
 WORKERS = 2
@@ -116,14 +116,6 @@ class Sample:
     evictions: int
     downloaded_mb: float
     rate: float
-
-
-def count_fds(pid: int) -> int:
-    """Open file descriptors of ``pid``."""
-    try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
-    except (FileNotFoundError, ProcessLookupError):
-        return 0
 
 
 def count_files(root: Path, suffix: str = "") -> int:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -50,6 +49,7 @@ import numpy.typing as npt
 import torch
 import torch.utils.data
 
+from fastload._lazy import current_pid
 from fastload._units import check_int
 from fastload.errors import FastloadError, FormatError, InvalidArgumentError, WorkerError
 from fastload.loader._collate import default_collate, empty_like_batch
@@ -265,11 +265,11 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
             info is not None
             and self._release is not None
             and worker < len(self._release)
-            and (self._buffers is None or self._buffers_pid != os.getpid())
+            and (self._buffers is None or self._buffers_pid != current_pid())
             and BufferPool.supported()
         ):
             self._buffers = BufferPool(self._release[worker])
-            self._buffers_pid = os.getpid()
+            self._buffers_pid = current_pid()
         return self.generate(
             worker=worker,
             num_workers=num_workers,
@@ -396,7 +396,7 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
                 delivered.append(index)
         pooled: tuple[tuple[int, int, int], ...] = ()
         if samples:
-            buffers = self._buffers if self._buffers_pid == os.getpid() else None
+            buffers = self._buffers if self._buffers_pid == current_pid() else None
             previous = set_buffer_pool(buffers)
             try:
                 batch = self.collate_fn(samples)

@@ -38,6 +38,7 @@ from typing import Any
 
 import lmdb
 
+from fastload._lazy import current_pid
 from fastload.formats._index_cache import STABLE_AGE_NS
 
 __all__ = [
@@ -95,7 +96,7 @@ class SharedEnv:
         self.env, self.ident, self.info = env, ident, info
         self.path, self.stamp = path, stamp
         self.opened_ns = time.time_ns()
-        self.pid = os.getpid()
+        self.pid = current_pid()
         self.refs = 1
         self.closed = False
         self._local = threading.local()
@@ -171,7 +172,7 @@ _TABLE: dict[tuple[int, int], SharedEnv] = {}
 _IDLE: OrderedDict[tuple[int, int], SharedEnv] = OrderedDict()
 #: Total size of the files of the environments in ``_TABLE``.
 _mapped = 0
-_PID = os.getpid()
+_PID = current_pid()
 #: Environments this process opened (each one a check of its file), for tests and benchmarks.
 _opens = 0
 
@@ -184,13 +185,13 @@ def open_count() -> int:
 def _drop_inherited() -> None:
     """In a forked child: close the parent's environments (our copies of them) and forget them."""
     global _PID, _opens, _mapped
-    if os.getpid() == _PID:
+    if current_pid() == _PID:
         return
     for entry in _TABLE.values():
         entry.close()
     _TABLE.clear()
     _IDLE.clear()
-    _PID, _opens, _mapped = os.getpid(), 0, 0
+    _PID, _opens, _mapped = current_pid(), 0, 0
 
 
 def _forget(entry: SharedEnv) -> None:
@@ -261,7 +262,7 @@ def release(entry: SharedEnv, keep: bool = True) -> None:
     and the :data:`budget` allows, and closes otherwise. A no-op in a process other than the one
     that acquired ``entry`` (a forked child), and after the entry was closed."""
     with _LOCK:
-        if entry.pid != os.getpid() or entry.closed:
+        if entry.pid != current_pid() or entry.closed:
             return
         entry.refs -= 1
         if entry.refs > 0:
