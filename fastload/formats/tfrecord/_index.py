@@ -77,6 +77,29 @@ class RecordIndex:
             )
 
 
+#: Values :func:`_decimal_values` leaves to ``int()`` (NumPy's parser saturates above 2^63 - 1).
+_HUGE = 10**18
+
+
+def _decimal_values(text: bytes) -> npt.NDArray[np.int64] | None:
+    """The whitespace-separated unsigned decimal integers of ``text``, parsed by NumPy's C
+    parser (~5x faster than ``int()`` per token: a shard of 10^5 records has 2 x 10^5); or
+    ``None`` when ``text`` holds anything but ASCII digits and whitespace (as ``bytes.split()``
+    and C's ``isspace`` know it), or a value of 10^18 or more: then ``int()`` per token decides
+    what it is."""
+    b = np.frombuffer(text, dtype=np.uint8)
+    digit = b - np.uint8(48) < 10
+    if np.count_nonzero(digit | (b == 32) | (b - np.uint8(9) < 5)) != len(b):  # \t \n \v \f \r
+        return None
+    tokens = np.count_nonzero(digit[1:] & ~digit[:-1]) + int(len(b) > 0 and digit[0])
+    if not tokens:
+        return np.zeros(0, dtype=np.int64)
+    values = np.fromstring(text, dtype=np.int64, sep=" ")
+    if len(values) != tokens or int(values.max()) >= _HUGE:
+        return None
+    return values
+
+
 def parse_index(text: bytes, *, url: str, shard_size: int | None = None) -> RecordIndex:
     """Parse index bytes (any whitespace between numbers, as DALI accepts) and check that they
     describe every record of a shard exactly once.
@@ -94,18 +117,21 @@ def parse_index(text: bytes, *, url: str, shard_size: int | None = None) -> Reco
             below 16, records do not follow each other from byte 0, or they do not end where
             the shard does.
     """
-    tokens = text.split()
-    if len(tokens) % 2:
+    values = _decimal_values(text)
+    if values is None:  # a sign, an underscore, a stray byte, a huge value: Python's int() says
+        tokens = text.split()
+        try:
+            values = np.fromiter(map(int, tokens), np.int64, len(tokens))
+        except (ValueError, OverflowError) as exc:
+            raise CorruptDataError(
+                f"TFRecord index holds a value that is not an integer ({exc}){_FIX}", url=url
+            ) from exc
+    if len(values) % 2:
         raise CorruptDataError(
             f"TFRecord index has an odd number of values; expected '<offset> <size>' per line{_FIX}",
             url=url,
         )
-    try:
-        numbers = np.fromiter(map(int, tokens), np.int64, len(tokens)).reshape(-1, 2)
-    except (ValueError, OverflowError) as exc:
-        raise CorruptDataError(
-            f"TFRecord index holds a value that is not an integer ({exc}){_FIX}", url=url
-        ) from exc
+    numbers = values.reshape(-1, 2)
     offsets, sizes = numbers[:, 0], numbers[:, 1]
     bounds = np.zeros(len(sizes) + 1, dtype=np.int64)
     np.cumsum(sizes, out=bounds[1:])
