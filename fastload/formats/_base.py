@@ -193,6 +193,7 @@ class ReaderOptions(TypedDict, total=False):
     index_key: str | None
     num_samples: int | None
     num_bytes: int | None
+    sha256: str | None
 
 
 class ShardReader(ABC):
@@ -209,6 +210,9 @@ class ShardReader(ABC):
         num_bytes: The shard's size in bytes according to the manifest, or ``None``. A shard
             found shorter is truncated: readers deliver only the samples that lie wholly within
             the bytes present and report the rest as corrupt.
+        sha256: The shard's SHA-256 (hex) according to the manifest, or ``None``. A reader may
+            hash the shard where that costs less than checking its structure (LMDB does, for
+            shards of small samples): bytes that match need no further checks.
     """
 
     #: Whether :meth:`read` / :meth:`__len__` work (needs an index or a native random-access layout).
@@ -223,6 +227,7 @@ class ShardReader(ABC):
         index_key: str | None = None,
         num_samples: int | None = None,
         num_bytes: int | None = None,
+        sha256: str | None = None,
     ) -> None:
         self.store, self.key = store, key
         self.url = store.child_url(key)
@@ -230,6 +235,7 @@ class ShardReader(ABC):
         self.index_key = index_key
         self.expected_samples = num_samples
         self.expected_bytes = num_bytes
+        self.expected_sha256 = sha256
 
     @property
     def skipped(self) -> int:

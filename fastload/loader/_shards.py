@@ -364,6 +364,7 @@ class ShardedDataset:
             index_key=self.index_keys[shard],
             num_samples=int(self.shard_sizes[shard]),
             num_bytes=self.manifest.shards[shard].num_bytes,
+            sha256=self.manifest.shards[shard].sha256,
         )
         slot = ReaderSlot(reader)
         table[shard] = slot

@@ -1,9 +1,7 @@
-"""Checks of an LMDB file's B+tree pages, made before LMDB reads them (see :class:`PageMap`), and
-the opened file they are made on (:class:`OpenedFile`)."""
+"""Checks of an LMDB file's B+tree pages, made before LMDB reads them (see :class:`PageMap`)."""
 
 from __future__ import annotations
 
-import mmap
 import struct
 import threading
 from bisect import bisect_right
@@ -26,7 +24,7 @@ from fastload.formats.lmdb._pages import (
     PageError,
 )
 
-__all__ = ["GOOD", "OpenedFile", "PageMap"]
+__all__ = ["GOOD", "PageMap"]
 
 _TYPE_BITS = P_BRANCH | P_LEAF | P_OVERFLOW | P_META | P_LEAF2 | P_SUBP
 #: LMDB's cursor stack depth: no tree is deeper.
@@ -36,41 +34,76 @@ _NODE = struct.Struct("<HHHH")  # lo, hi, flags, ksize
 _U64 = struct.Struct("<Q")
 
 
-@dataclass
+@dataclass(slots=True)
 class _Leaf:
     """A leaf page as the branch pages describe it: its page number and the keys it may hold
-    (``low`` up to, not including, the next leaf's ``low``). ``damage`` is set when the leaf
-    cannot be reached (a damaged branch page or pointer above it)."""
+    (``low`` up to, not including, the next entry's ``low``). ``damage`` is set when the leaf
+    cannot be reached (a damaged branch page or pointer above it) or failed its checks."""
 
     pgno: int
     damage: PageError | None = None
 
 
-#: :attr:`PageMap.state` of a leaf page that passed its checks (0: not checked yet).
+@dataclass(slots=True)
+class _Branch:
+    """A branch page not read yet (:meth:`PageMap._expand` reads it when a key below it is
+    wanted): its page number, its depth, and whether it is the root (whose own type says
+    whether it is a leaf)."""
+
+    pgno: int
+    depth: int
+    root: bool = False
+
+
+@dataclass(slots=True)
+class _Table:
+    """What lookups bisect, replaced whole when a branch is read (see :class:`PageMap`).
+
+    Attributes:
+        lows: For each entry, in key order, the lowest key it may hold.
+        entries: The leaves and the branches not read yet, parallel to ``lows``.
+        state: Per entry, :data:`GOOD` once it is a leaf whose page passed its checks.
+    """
+
+    lows: list[bytes]
+    entries: list[_Leaf | _Branch]
+    state: bytearray
+
+
+#: :attr:`_Table.state` of a leaf page that passed its checks (0: not checked yet).
 GOOD = 1
 
 
 class PageMap:
-    """The main database's B+tree as far as the file's bytes allow: every leaf page with the key
-    range it covers, found by walking the branch pages from the root (at construction), and each
-    leaf page checked the first time a key on it is wanted (:meth:`check`).
+    """The main database's B+tree as far as the file's bytes allow, read as lookups need it: a
+    branch page when the first key below it is wanted (its checks once per process, never for
+    the subtrees nobody reads), each leaf page the first time a key on it is wanted
+    (:meth:`check`). Opening a shard therefore reads only its meta pages (the walk of every
+    branch page at opening took ~18 ms for a shard of 10^5 samples, paid for every shard a
+    worker touches before its first batch).
 
     The checks make sure that LMDB, searching for a key the way it does, only reads bytes inside
     the file that form valid pages: every page on the way lies wholly in the file, has the right
     type and consistent bounds, its node offsets and sizes stay inside the page, its keys are
-    sorted and within the range its parent gives it, and an overflow value lies inside the file
-    on a run of overflow pages of the right length. A damaged page fails the lookups of the keys
-    it covers (whole subtrees for a branch page); a damaged node only the lookup of its own key.
+    sorted and within the range its parent gives it, no page is referenced twice, and an
+    overflow value lies inside the file on a run of overflow pages of the right length. A damaged
+    page fails the lookups of the keys it covers (whole subtrees for a branch page); a damaged
+    node only the lookup of its own key.
 
-    Thread safety: lookups may run in several threads; a page is checked at most a few times.
+    Thread safety: lookups may run in several threads. :attr:`table` is replaced whole, never
+    changed but for :data:`GOOD` marks, so a reader may bisect it without a lock: an entry that
+    says :data:`GOOD` is a leaf that passed its checks. Reading branches and checking leaves
+    happen under a lock.
 
     Attributes:
-        lows: For each leaf, in key order, the lowest key it may hold; a key belongs to the last
-            leaf whose low is not above it (LMDB's own descent, for a tree that passed the
-            checks of its branch pages).
-        leaves: The leaves, parallel to ``lows``.
-        state: Per leaf, :data:`GOOD` once its page passed its checks.
+        table: The :class:`_Table` of entries: a key belongs to the last entry whose low is not
+            above it (LMDB's own descent, for branch pages that passed their checks).
         bad_nodes: Keys whose own node is damaged (on a page that is otherwise good).
+
+    A *trusted* map (a file whose bytes are known to be what a writer committed: its SHA-256 is
+    the manifest's) lets every lookup through without reading a page: :attr:`table` is one
+    :data:`GOOD` entry that covers every key. :meth:`run` still reads the branches and leaves it
+    needs, as it collects a leaf's keys.
 
     Args:
         buf: The file's bytes (e.g. a read-only ``mmap``); only the first ``size`` are read.
@@ -78,23 +111,45 @@ class PageMap:
         meta: The file's :func:`read_meta`.
         truncation: Words explaining where a page beyond ``size`` went (e.g. "the shard is
             truncated at 8192 bytes, its meta page needs 24576").
+        trusted: Whether the file's bytes are known to be intact (see above).
     """
 
-    def __init__(self, buf: FileBytes, size: int, meta: MetaPage, truncation: str = "") -> None:
+    def __init__(
+        self,
+        buf: FileBytes,
+        size: int,
+        meta: MetaPage,
+        truncation: str = "",
+        *,
+        trusted: bool = False,
+    ) -> None:
         self.buf, self.size, self.meta = buf, size, meta
         self.psize = meta.psize
         self.pages = meta.last_page + 1
         self.truncation = truncation or f"the file ends at byte {size}"
-        self.lows: list[bytes] = []
-        self.leaves: list[_Leaf] = []
-        self.state = bytearray()
         self.bad_nodes: dict[bytes, PageError] = {}
-        self._bad_pages: dict[int, PageError] = {}
-        if meta.root != P_INVALID:
-            self._walk()
-            self.state = bytearray(len(self.leaves))
+        # A bit per page that some branch (or the meta page) points to: pages in the file only
+        # (one past its end is missing anyway, and a damaged meta page may claim any number).
+        self._seen = bytearray((min(self.pages, size // self.psize + 1) + 7) // 8)
+        self._lock = threading.Lock()
+        if meta.root == P_INVALID:
+            self._tree = _Table([], [], bytearray())
+        else:
+            self._mark_seen(meta.root)
+            self._tree = _Table([b""], [_Branch(meta.root, 1, root=True)], bytearray(1))
+        self.trusted = trusted
+        self.table = _Table([b""], [_Leaf(-1)], bytearray([GOOD])) if trusted else self._tree
 
     # ---- structure ----------------------------------------------------------------------------
+
+    def _mark_seen(self, pgno: int) -> bool:
+        """Record that a pointer to ``pgno`` was met; whether one was met before."""
+        byte, bit = divmod(pgno, 8)
+        if byte >= len(self._seen):
+            return False
+        before = self._seen[byte] >> bit & 1
+        self._seen[byte] |= 1 << bit
+        return bool(before)
 
     def _header(self, pgno: int, what: str) -> tuple[int, int, int]:
         """``(flags, lower, upper)`` of page ``pgno``, which must lie wholly in the file."""
@@ -147,47 +202,47 @@ class PageMap:
             )
         return bytes(self.buf[start : start + ksize])
 
-    def _walk(self) -> None:
-        """Find every leaf from the root through the branch pages, recording key ranges."""
-        seen: set[int] = set()
-        # (page, low key, high key, depth, whether a leaf); children pushed in reverse so leaves come out in key order.
-        stack: list[tuple[int, bytes, bytes | None, int, bool | None]] = [
-            (self.meta.root, b"", None, 1, None)
-        ]
-        while stack:
-            pgno, low, high, depth, is_leaf = stack.pop()
-            if pgno in seen:
-                self._lost(
-                    low, pgno, PageError(f"page {pgno} is referenced twice", pgno * self.psize)
-                )
-                continue
-            seen.add(pgno)
-            if is_leaf is None:  # the root: its own type says
-                try:
-                    flags = self._header(pgno, "root")[0] & _TYPE_BITS
-                except PageError as exc:
-                    self._lost(low, pgno, exc)
-                    continue
-                is_leaf = flags == P_LEAF
-            if is_leaf:
-                self.lows.append(low)
-                self.leaves.append(_Leaf(pgno))
-                continue
-            try:
-                children = self._branch(pgno, low, high, depth)
-            except PageError as exc:
-                self._lost(low, pgno, exc)
-                continue
-            child_is_leaf = self._children_are_leaves([c for c, _ in children])
-            for i in range(len(children) - 1, -1, -1):
-                child, child_low = children[i]
-                child_high = children[i + 1][1] if i + 1 < len(children) else high
-                stack.append((child, child_low, child_high, depth + 1, child_is_leaf))
-
-    def _lost(self, low: bytes, pgno: int, exc: PageError) -> None:
-        """Record that the keys from ``low`` up to the next leaf's low cannot be reached."""
-        self.lows.append(low)
-        self.leaves.append(_Leaf(pgno, exc))
+    def _expand(self, table: _Table, i: int) -> _Table:
+        """``table`` with branch entry ``i`` replaced by the children of its page (leaves, or
+        branches not read yet), or by a leaf entry that carries the damage that makes the keys
+        below it unreachable; the new table becomes the tree (and :attr:`table`, unless the map
+        is trusted). Under the lock."""
+        entry = table.entries[i]
+        assert isinstance(entry, _Branch)
+        low = table.lows[i]
+        high = table.lows[i + 1] if i + 1 < len(table.lows) else None
+        lows: list[bytes]
+        entries: list[_Leaf | _Branch]
+        try:
+            if entry.root and self._header(entry.pgno, "root")[0] & _TYPE_BITS == P_LEAF:
+                lows, entries = [low], [_Leaf(entry.pgno)]
+            else:
+                children = self._branch(entry.pgno, low, high, entry.depth)
+                leaves = self._children_are_leaves([child for child, _ in children])
+                lows, entries = [], []
+                for child, child_low in children:
+                    lows.append(child_low)
+                    if self._mark_seen(child):
+                        offset = child * self.psize
+                        entries.append(
+                            _Leaf(child, PageError(f"page {child} is referenced twice", offset))
+                        )
+                    elif leaves:
+                        entries.append(_Leaf(child))
+                    else:
+                        entries.append(_Branch(child, entry.depth + 1))
+        except PageError as exc:
+            lows, entries = [low], [_Leaf(entry.pgno, exc)]
+        state = table.state
+        new = _Table(
+            table.lows[:i] + lows + table.lows[i + 1 :],
+            table.entries[:i] + entries + table.entries[i + 1 :],
+            state[:i] + bytearray(len(entries)) + state[i + 1 :],
+        )
+        self._tree = new
+        if not self.trusted:
+            self.table = new
+        return new
 
     def _branch(
         self, pgno: int, low: bytes, high: bytes | None, depth: int
@@ -244,11 +299,10 @@ class PageMap:
             PageError: A page LMDB would read for ``key`` is damaged or missing, or the key's own
                 node is (its value lies outside the file or on damaged overflow pages).
         """
-        i = bisect_right(self.lows, key) - 1
-        if i < 0:
+        if self.trusted:
+            return True
+        if not self._checked_leaf(key, None, None):
             return False
-        if self.state[i] != GOOD:
-            self._check_leaf(i, None, None)
         if self.bad_nodes:
             damage = self.bad_nodes.get(key)
             if damage is not None:
@@ -264,29 +318,42 @@ class PageMap:
         Raises:
             PageError: The leaf page, or a page above it, is damaged or missing.
         """
-        i = bisect_right(self.lows, key) - 1
         keys: list[bytes] = []
         values: list[bytes | None] = []
-        if i >= 0:
-            self._check_leaf(i, keys, values)
+        self._checked_leaf(key, keys, values)
         return keys, values
 
-    def _check_leaf(
-        self, i: int, keys: list[bytes] | None, values: list[bytes | None] | None
-    ) -> None:
-        leaf = self.leaves[i]
-        if leaf.damage is not None:
-            raise leaf.damage
-        damage = self._bad_pages.get(i)
-        if damage is not None:
-            raise damage
-        high = self.lows[i + 1] if i + 1 < len(self.lows) else None
-        try:
-            self._scan_leaf(leaf.pgno, self.lows[i], high, keys, values)
-        except PageError as exc:
-            self._bad_pages[i] = exc
-            raise
-        self.state[i] = GOOD
+    def _checked_leaf(
+        self, key: bytes, keys: list[bytes] | None, values: list[bytes | None] | None
+    ) -> bool:
+        """Read the branches down to the leaf that would hold ``key`` and check it (collecting
+        its keys and values when asked, even if it was checked before); whether there is one.
+
+        Raises:
+            PageError: The leaf page, or a page above it, is damaged or missing.
+        """
+        with self._lock:
+            table = self._tree
+            i = bisect_right(table.lows, key) - 1
+            if i < 0:
+                return False
+            while isinstance(table.entries[i], _Branch):
+                table = self._expand(table, i)
+                i = bisect_right(table.lows, key) - 1
+            if table.state[i] == GOOD and keys is None:
+                return True
+            leaf = table.entries[i]
+            assert isinstance(leaf, _Leaf)
+            if leaf.damage is not None:
+                raise leaf.damage
+            high = table.lows[i + 1] if i + 1 < len(table.lows) else None
+            try:
+                self._scan_leaf(leaf.pgno, table.lows[i], high, keys, values)
+            except PageError as exc:
+                leaf.damage = exc
+                raise
+            table.state[i] = GOOD
+            return True
 
     def _scan_leaf(
         self,
@@ -369,46 +436,3 @@ class PageMap:
                 offset,
             )
         return None
-
-
-class OpenedFile:
-    """One opened shard file: the read-only map of the file that the page checks read, its meta
-    page, its page map (rebuilt when the file shrinks) and the sample count the reader found in
-    its meta key. The reader closes it with the LMDB environment."""
-
-    def __init__(self, view: FileBytes, size: int, meta: MetaPage, pages: PageMap) -> None:
-        self.view, self.size, self.meta, self.pages = view, size, meta, pages
-        self.count = 0
-        self._lock = threading.Lock()
-
-    def shrunk(self) -> bool:
-        """Whether the file became shorter than when it was checked (truncated in place while
-        open); if so, the page map is rebuilt for the bytes left, so that no page past the new
-        end is read (which would raise ``SIGBUS``).
-
-        Readers call it before every read (one ``fstat``). It narrows the window, it cannot close
-        it: a truncation between the check and the copy of the value still faults. Shards must
-        be replaced atomically (fastload's writers and stores do), never rewritten in place.
-        """
-        view = self.view
-        if not isinstance(view, mmap.mmap):
-            return False
-        try:
-            size = view.size()  # fstat of the mapped file
-        except (OSError, ValueError):  # closed meanwhile: the caller's next step fails cleanly
-            return False
-        if size >= self.size:
-            return False
-        with self._lock:
-            if size < self.size:
-                truncation = (
-                    f"the shard was truncated to {size} bytes while open (it had {self.size})"
-                )
-                self.pages = PageMap(view, size, self.meta, truncation)
-                self.size = size
-        return True
-
-    def close(self) -> None:
-        """Unmap the file (the page map is unusable afterwards)."""
-        if isinstance(self.view, mmap.mmap):
-            self.view.close()

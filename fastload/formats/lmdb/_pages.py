@@ -7,6 +7,7 @@ pages these constants describe before LMDB reads them.
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import struct
 from dataclasses import dataclass
@@ -24,11 +25,13 @@ __all__ = [
     "P_SUBP",
     "PAGE_HEADER",
     "PAGE_HEADER_STRUCT",
+    "TRUST_BYTES_PER_ENTRY",
     "FileBytes",
     "MetaPage",
     "PageError",
     "detect",
     "read_meta",
+    "matches_manifest",
 ]
 
 # Pages (64-bit little-endian builds). Every page starts with a 16-byte header: ``mp_pgno``
@@ -196,3 +199,26 @@ def detect(head: bytes) -> bool:
         if magic == _MAGIC and version == _DATA_VERSION and flags & P_META:
             return True
     return False
+
+
+#: Bytes per entry up to which an LMDB file is hashed to be trusted instead of having its pages
+#: checked (:func:`matches_manifest`). SHA-256 costs ~0.8 ns a byte with the CPU's SHA
+#: instructions (~2.5 ns without); the page checks ~0.3 us an entry, in Python, per process (a
+#: shard of 10^5 16-byte samples: 7.5 ms to hash, ~85 ms to walk and check every page). Large
+#: values live on overflow pages that the checks do not read, so there hashing costs more.
+TRUST_BYTES_PER_ENTRY = 256
+
+
+def matches_manifest(
+    buf: FileBytes, size: int, meta: MetaPage, sha256: str | None, num_bytes: int | None
+) -> bool | None:
+    """Whether the file's ``size`` bytes in ``buf`` are the ones the manifest lists (its size
+    and SHA-256): ``None`` when that is not worth finding out (no manifest figures, a file of
+    another size or larger values than :data:`TRUST_BYTES_PER_ENTRY`, or one its meta page
+    says is truncated)."""
+    if sha256 is None or num_bytes != size or size < meta.needed:
+        return None
+    if size > max(meta.entries, 1) * TRUST_BYTES_PER_ENTRY:
+        return None
+    with memoryview(buf) as view:
+        return hashlib.sha256(view[:size]).hexdigest() == sha256

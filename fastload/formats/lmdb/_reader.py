@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import shutil
@@ -14,6 +15,7 @@ from typing import Any, Unpack
 
 import lmdb
 
+from fastload._lazy import current_pid
 from fastload.errors import CorruptDataError, FormatError
 from fastload.formats._base import ReaderOptions, ShardReader
 from fastload.formats.lmdb._envs import SharedEnv, acquire, open_env, release
@@ -24,8 +26,9 @@ from fastload.formats.lmdb._layout import (
     unpack_meta,
     unpack_value,
 )
-from fastload.formats.lmdb._pagemap import GOOD, OpenedFile, PageMap
-from fastload.formats.lmdb._pages import P_INVALID, FileBytes, PageError, read_meta
+from fastload.formats.lmdb._opened import OpenedFile, check_file
+from fastload.formats.lmdb._pagemap import GOOD
+from fastload.formats.lmdb._pages import P_INVALID, FileBytes, PageError
 from fastload.storage import CachingStore, Store
 
 __all__ = ["LMDBReader"]
@@ -44,12 +47,9 @@ _MAX_KEY = 511
 
 def _remove(path: str, owner: int | None = None) -> None:
     """Delete ``path`` (only in process ``owner``, when given: forked children share the file)."""
-    if owner is not None and owner != os.getpid():
-        return
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+    if owner is None or owner == os.getpid():
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def _map(path: str) -> FileBytes:
@@ -166,15 +166,14 @@ class LMDBReader(ShardReader):
     def _open(self) -> tuple[SharedEnv, OpenedFile]:
         """This process's shared environment for the shard, opened and checked on first use."""
         entry = self._entry
-        if entry is None or entry.pid != os.getpid() or entry.closed:
+        if entry is None or entry.pid != current_pid() or entry.closed:
             with self._lock:
                 entry = self._entry
-                if entry is None or entry.pid != os.getpid() or entry.closed:
+                if entry is None or entry.pid != current_pid() or entry.closed:
                     entry = acquire(self._local_file(), opener=self._open_file)
                     self._entry = entry
-                    # No idle environment of a file that goes away: a downloaded copy is
-                    # removed on close, and a cache may evict its file at any time (an idle
-                    # environment would keep the evicted file's disk space).
+                    # No idle environment of a file that goes away (a downloaded copy, a
+                    # cache's file: an idle environment would keep an evicted file's space).
                     keep = self._download is None and not isinstance(self.store, CachingStore)
                     self._release = weakref.finalize(
                         self,  # type: ignore[arg-type]
@@ -189,7 +188,7 @@ class LMDBReader(ShardReader):
         """Check the file, open it with LMDB and read its meta key (for :func:`acquire`)."""
         view = _map(path)
         try:
-            opened = self._check_file(view, len(view))
+            opened = check_file(view, len(view), self)
             try:
                 env = open_env(path, readahead=self.readahead)
             except lmdb.Error as exc:
@@ -216,25 +215,6 @@ class LMDBReader(ShardReader):
                 view.close()
             raise
         return env, opened
-
-    def _check_file(self, view: FileBytes, size: int) -> OpenedFile:
-        """The meta pages and the length of the file, before LMDB maps it."""
-        try:
-            meta = read_meta(view, size)
-        except PageError as exc:
-            raise CorruptDataError(
-                f"{exc}: the shard is damaged or not an LMDB file ({size} bytes); {REMEDY}",
-                url=self.url,
-                offset=exc.offset,
-            ) from exc
-        expected = self.expected_bytes
-        truncation = ""
-        if size < meta.needed or (expected is not None and size < expected):
-            sizes = [f"its meta page needs {meta.needed}"]
-            if expected is not None:
-                sizes.append(f"the manifest says {expected}")
-            truncation = f"the shard is truncated at {size} bytes ({', '.join(sizes)})"
-        return OpenedFile(view, size, meta, PageMap(view, size, meta, truncation))
 
     def _read_meta_key(self, env: Any, opened: OpenedFile) -> int:
         """The sample count from the meta key, checked."""
@@ -293,8 +273,9 @@ class LMDBReader(ShardReader):
         pages = opened.pages
         try:
             # The common case inline: the leaf page was checked and no node on any page is bad.
-            i = bisect_right(pages.lows, kbytes) - 1
-            if (i < 0 or pages.state[i] != GOOD or pages.bad_nodes) and not pages.check(kbytes):
+            table = pages.table
+            i = bisect_right(table.lows, kbytes) - 1
+            if (i < 0 or table.state[i] != GOOD or pages.bad_nodes) and not pages.check(kbytes):
                 return None
             return txn.get(kbytes)
         except PageError as exc:
