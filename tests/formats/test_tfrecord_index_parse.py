@@ -73,3 +73,16 @@ def test_parse_index_of_many_records_and_its_errors() -> None:
         parse_index(text + b"7\n", url="mem://i.idx")
     with pytest.raises(CorruptDataError, match="line 3 "):
         parse_index(b"0 16\n16 16\n33 16\n", url="mem://i.idx")
+
+
+def test_index_of_a_shard_under_4_gib_holds_4_bytes_a_record() -> None:
+    text = b"".join(b"%d 16\n" % (16 * i) for i in range(1000))
+    index = parse_index(text, url="mem://i.idx", shard_size=16_000)
+    assert index.nbytes == 4 * 1001
+    assert index.record(999) == (15_984, 16)
+    assert index.sizes.dtype == np.int64
+    assert index.sizes.tolist() == [16] * 1000
+    big = parse_index(b"0 16\n16 4294967296\n", url="mem://i.idx", shard_size=4294967312)
+    assert big.nbytes == 8 * 3  # past 4 GiB: 8 bytes a record
+    assert big.record(1) == (16, 4294967296)
+    assert big.end == 4294967312
