@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -184,3 +185,62 @@ def test_the_loader_passes_the_manifest_hash_and_reads_trusted(tmp_path: Path) -
     assert [ds.read_raw(0, i)["v"] for i in range(300)] == [  # type: ignore[index]
         f"{i:016d}".encode() for i in range(300)
     ]
+
+
+# ---- the hash is remembered across the process tree ----------------------------------------------
+
+
+def _open_in_child(store: Any, raw: bytes, sha: str, out: Any) -> None:
+    out.put(_trusted(_reader(store, raw, sha)))
+
+
+def test_a_hashed_file_is_remembered_by_the_process_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import multiprocessing
+
+    from fastload.formats import _verified
+    from fastload.formats.lmdb import _pages
+
+    store, _, raw = _build(tmp_path, 500, 16)
+    path = tmp_path / KEY
+    old = path.stat().st_mtime - 10
+    os.utime(path, (old, old))  # settled: older than the hash by more than STABLE_AGE_NS
+    sha = hashlib.sha256(raw).hexdigest()
+    assert not _verified.known(os.stat(path), sha)
+
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_open_in_child, args=(store, raw, sha, out))
+    child.start()
+    assert out.get(timeout=30) is True  # the child hashed it
+    child.join(30)
+    assert _verified.known(os.stat(path), sha)
+
+    class NoHash:
+        @staticmethod
+        def sha256(data: Any) -> Any:
+            raise AssertionError("hashed again")
+
+    monkeypatch.setattr(_pages, "hashlib", NoHash)
+    reader = _reader(store, raw, sha)
+    assert _trusted(reader)  # from the record, without hashing
+    reader.close()
+    assert not _verified.known(os.stat(path), "0" * 64)  # the record is for that hash only
+
+
+def test_a_file_written_again_or_just_now_is_not_remembered(tmp_path: Path) -> None:
+    from fastload.formats import _verified
+
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 100)
+    sha = hashlib.sha256(b"x" * 100).hexdigest()
+    assert not _verified.remember(os.stat(path), sha)  # modified just now
+    assert not _verified.known(os.stat(path), sha)
+    old = path.stat().st_mtime - 10
+    os.utime(path, (old, old))
+    assert _verified.remember(os.stat(path), sha)
+    assert _verified.known(os.stat(path), sha)
+    path.write_bytes(b"x" * 100)  # the same bytes, written again: new times
+    os.utime(path, (old, old))  # even with the old modification time (the change time moves)
+    assert not _verified.known(os.stat(path), sha)

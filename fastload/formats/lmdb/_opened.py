@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import logging
 import mmap
+import os
 import threading
+import time
 
 from fastload.errors import CorruptDataError
+from fastload.formats import _verified
 from fastload.formats._base import ShardReader
 from fastload.formats.lmdb._layout import REMEDY
 from fastload.formats.lmdb._pagemap import PageMap
@@ -24,10 +27,13 @@ __all__ = ["OpenedFile", "check_file"]
 log = logging.getLogger("fastload.formats.lmdb")
 
 
-def check_file(view: FileBytes, size: int, reader: ShardReader) -> OpenedFile:
+def check_file(
+    view: FileBytes, size: int, reader: ShardReader, st: os.stat_result | None = None
+) -> OpenedFile:
     """The meta pages and the length of the file of ``reader``'s shard (``size`` bytes in
-    ``view``), before LMDB maps it; and whether its bytes are the manifest's
-    (:func:`~fastload.formats.lmdb._pages.matches_manifest`): then no page of it needs checks.
+    ``view``; ``st``: its ``fstat``), before LMDB maps it; and whether its bytes are the
+    manifest's (:func:`~fastload.formats.lmdb._pages.matches_manifest`, or a process of this
+    tree found so: :mod:`~fastload.formats._verified`): then no page of it needs checks.
 
     A file whose bytes differ from the manifest's is read with the page checks, and a warning
     says so once per opening (damaged values that still decode are not found by them).
@@ -50,7 +56,7 @@ def check_file(view: FileBytes, size: int, reader: ShardReader) -> OpenedFile:
         if expected is not None:
             sizes.append(f"the manifest says {expected}")
         truncation = f"the shard is truncated at {size} bytes ({', '.join(sizes)})"
-    intact = matches_manifest(view, size, meta, reader.expected_sha256, expected)
+    intact = _intact(view, size, meta, reader, st)
     if intact is False:
         log.warning(
             "%s: the shard's bytes do not match the SHA-256 of the dataset manifest; reading it "
@@ -60,6 +66,22 @@ def check_file(view: FileBytes, size: int, reader: ShardReader) -> OpenedFile:
             REMEDY,
         )
     return OpenedFile(view, size, meta, PageMap(view, size, meta, truncation, trusted=bool(intact)))
+
+
+def _intact(
+    view: FileBytes, size: int, meta: MetaPage, reader: ShardReader, st: os.stat_result | None
+) -> bool | None:
+    """:func:`matches_manifest`, remembered across the process tree for the file ``st``."""
+    sha256, expected = reader.expected_sha256, reader.expected_bytes
+    if st is None or sha256 is None or st.st_size != size:
+        return matches_manifest(view, size, meta, sha256, expected)
+    if expected == size and size >= meta.needed and _verified.known(st, sha256):
+        return True
+    started = time.time_ns()
+    intact = matches_manifest(view, size, meta, sha256, expected)
+    if intact:
+        _verified.remember(st, sha256, started)
+    return intact
 
 
 class OpenedFile:

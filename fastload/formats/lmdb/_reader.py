@@ -52,12 +52,13 @@ def _remove(path: str, owner: int | None = None) -> None:
             os.unlink(path)
 
 
-def _map(path: str) -> FileBytes:
-    """The file mapped read-only (``b""`` when it is empty)."""
+def _map(path: str) -> tuple[FileBytes, os.stat_result]:
+    """The file mapped read-only (``b""`` when it is empty), and its ``fstat``."""
     with open(path, "rb") as file:
-        if os.fstat(file.fileno()).st_size == 0:
-            return b""
-        return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+        st = os.fstat(file.fileno())
+        if st.st_size == 0:
+            return b"", st
+        return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ), st
 
 
 class LMDBReader(ShardReader):
@@ -186,9 +187,9 @@ class LMDBReader(ShardReader):
 
     def _open_file(self, path: str) -> tuple[Any, OpenedFile]:
         """Check the file, open it with LMDB and read its meta key (for :func:`acquire`)."""
-        view = _map(path)
+        view, st = _map(path)
         try:
-            opened = check_file(view, len(view), self)
+            opened = check_file(view, len(view), self, st)
             try:
                 env = open_env(path, readahead=self.readahead)
             except lmdb.Error as exc:
