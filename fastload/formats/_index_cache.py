@@ -88,8 +88,8 @@ class IndexBudget:
 
 
 #: This process's budget: 65,536 indexes within 1 GiB (a WebDataset index of two fields per
-#: sample takes ~60 bytes a sample plus its key, a TFRecord index 4 bytes a record (8 for a shard
-#: of 4 GiB or more): 1 GiB holds ~1.5 x 10^7 and ~2.7 x 10^8 samples). Assign another :class:`IndexBudget` to change it.
+#: sample takes ~26 bytes a sample plus its key, a TFRecord index 4 bytes a record; twice that
+#: for shards of 4 GiB or more: 1 GiB holds ~2.9 x 10^7 and ~2.7 x 10^8 samples). Assign another :class:`IndexBudget` to change it.
 budget = IndexBudget(entries=65_536, nbytes=1 << 30)
 
 

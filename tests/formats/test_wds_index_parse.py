@@ -147,3 +147,30 @@ def test_index_after_damage_comes_from_build_index(tmp_path: Path) -> None:
     assert reader.skipped > 0
     with pytest.raises(CorruptDataError, match="checksum"):
         index()
+
+
+def test_compact_index_is_held_in_narrow_types_where_the_values_fit() -> None:
+    comps = [
+        [
+            Component("cls", 512 + 2048 * i, 1, f"s/{i:09d}.cls"),
+            Component("txt", 1536 + 2048 * i, 16, f"s/{i:09d}.txt"),
+        ]
+        for i in range(1000)
+    ]
+    index = SampleIndex.from_samples(comps)
+    assert index.nbytes == 1000 * (2 * (4 + 4 + 1) + 4 + 4 + 11) + 2 * 4  # ~37 bytes a sample
+    assert index.samples() == comps
+    assert index.field_locations("txt", "u") == [(1536 + 2048 * i, 16) for i in range(1000)]
+    index.check_bound(2048 * 1000, "u")
+    with pytest.raises(CorruptDataError, match="index line 1001"):
+        index.check_bound(2048 * 1000 - 1024, "u")
+    # a member that ends past 4 GiB: offsets and sizes stay 8 bytes, and their sums are right
+    far = [
+        [Component("bin", 512, 2**32 - 512, "a.bin")],
+        [Component("bin", 2**32 + 512, 7, "b.bin")],
+    ]
+    big = SampleIndex.from_samples(far)
+    assert big.samples() == far
+    big.check_bound(2**32 + 519, "u")
+    with pytest.raises(CorruptDataError, match="index line 3"):
+        big.check_bound(2**32 + 518, "u")
