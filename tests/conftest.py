@@ -22,6 +22,19 @@ from fastload.testing.ceph import CephS3, CephStartError, acquire, release
 _bucket_numbers = itertools.count()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _index_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Parsed index files (``fastload/formats/_index_files.py``) go to this session's temporary
+    directory, never to the user's cache (set before any worker forks, so they see it too)."""
+    before = os.environ.get("FASTLOAD_INDEX_DIR")
+    os.environ["FASTLOAD_INDEX_DIR"] = str(tmp_path_factory.mktemp("index-files"))
+    yield
+    if before is None:
+        os.environ.pop("FASTLOAD_INDEX_DIR", None)
+    else:
+        os.environ["FASTLOAD_INDEX_DIR"] = before
+
+
 @pytest.fixture(scope="session")
 def ceph_s3() -> Iterator[CephS3]:
     """The S3 endpoint and credentials of the local Ceph cluster (started or reused)."""

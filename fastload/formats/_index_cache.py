@@ -7,11 +7,14 @@ parse that file each time: ~1 s for a WebDataset shard of 100,000 samples before
 reader of a shard and an index that are both local files (a local directory, or a
 :class:`~fastload.storage.CachingStore`'s copies) therefore asks :func:`cached` for the parsed
 index: the first reader of the pair in a process parses it, the next ones take it over after one
-``stat`` of each file. Nothing here holds a file open: an entry is parsed data (compact NumPy
-arrays), so a cache may evict and replace the files at any time.
+``stat`` of each file. With a ``codec`` the parse is also written to the machine's index files
+and mapped from there (:mod:`~fastload.formats._index_files`): other processes map it instead
+of parsing, and every process's entry is shared page cache rather than private memory. Nothing
+here holds a file open: an entry is parsed or mapped data (compact NumPy arrays), so a cache may
+evict and replace the shard files at any time.
 
-An entry is used only if both files are unchanged: same device, inode, size and modification
-time, and both times were at least :data:`STABLE_AGE_NS` older than the parse (a change within
+An entry is used only if both files are unchanged: same device, inode, size, modification and
+change time, and both modification times were at least :data:`STABLE_AGE_NS` older than the parse (a change within
 the file system's timestamp granularity of the parse could keep the time; Git's "racy" rule,
 the rule LMDB environments are kept by too). A changed file is parsed again; an index that fails
 to parse is never kept. Entries survive ``fork`` (they are plain data, shared copy-on-write).
@@ -23,16 +26,22 @@ Thread-safe.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
+
+import numpy.typing as npt
+
+from fastload.formats import _index_files
 
 __all__ = [
     "STABLE_AGE_NS",
+    "Codec",
     "FileStamp",
     "IndexBudget",
     "budget",
@@ -44,18 +53,22 @@ __all__ = [
     "stamp_of",
 ]
 
+log = logging.getLogger("fastload.formats")
+
 #: How much older than a parse (or an opening) a file's modification time must be for the result
 #: to be reused without reading the file again (see module doc).
 STABLE_AGE_NS = 2_000_000_000
 
 
 class FileStamp(NamedTuple):
-    """What identifies a file's contents without reading them (``os.stat`` fields)."""
+    """What identifies a file's contents without reading them (``os.stat`` fields; the change
+    time moves whenever the file is written or replaced and cannot be set back)."""
 
     dev: int
     ino: int
     size: int
     mtime_ns: int
+    ctime_ns: int
 
 
 def stamp_of(path: str) -> FileStamp:
@@ -65,7 +78,7 @@ def stamp_of(path: str) -> FileStamp:
         OSError: The file cannot be stat'ed.
     """
     st = os.stat(path)
-    return FileStamp(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return FileStamp(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def settled(stamp: FileStamp, at_ns: int) -> bool:
@@ -102,6 +115,18 @@ class Parsed(Protocol):
 
 P = TypeVar("P", bound=Parsed)
 
+#: A parsed index as arrays and small JSON-able values, for :mod:`~fastload.formats._index_files`.
+Arrays = tuple[dict[str, npt.NDArray[Any]], dict[str, Any]]
+
+
+class Codec(Protocol[P]):
+    """How a kind of parsed index becomes arrays (to be kept in a file) and back (from the
+    file's mapped arrays)."""
+
+    def to_arrays(self, value: P) -> Arrays: ...
+
+    def from_arrays(self, arrays: dict[str, npt.NDArray[Any]], values: dict[str, Any]) -> P: ...
+
 
 class _Entry(NamedTuple):
     stamps: tuple[FileStamp, FileStamp]
@@ -115,11 +140,17 @@ _parses = 0
 
 
 def cached(
-    kind: str, shard: str, index: str, parse: Callable[[bytes, int], P]
+    kind: str,
+    shard: str,
+    index: str,
+    parse: Callable[[bytes, int], P],
+    codec: Codec[P] | None = None,
 ) -> tuple[P, FileStamp]:
     """The index file ``index`` of the shard file ``shard`` parsed by ``parse``, from this
-    process's cache, or parsed now and kept (within :data:`budget`); and the shard's
-    :class:`FileStamp` the parse belongs to.
+    process's cache, or from the machine's index files (:mod:`~fastload.formats._index_files`,
+    mapped through ``codec``), or parsed now and kept (within :data:`budget`; and as a file,
+    mapped from then on, with a ``codec``); and the shard's :class:`FileStamp` the parse
+    belongs to.
 
     ``parse(index_bytes, shard_size)`` must depend only on the two files' contents (checks that
     depend on the caller, such as a manifest's sample count, belong after this call), and
@@ -138,21 +169,45 @@ def cached(
             _TABLE.move_to_end(key)
             return entry.value, stamps[0]  # type: ignore[return-value]
     now = time.time_ns()
-    with open(index, "rb") as f:
-        data = f.read()
-    with _LOCK:
-        _parses += 1
-    value = parse(data, stamps[0].size)
+    steady = settled(stamps[0], now) and settled(stamps[1], now)
+    name = _index_files.entry_name(kind, (shard, index), stamps) if codec and steady else None
+    value: P | None = None
+    if codec is not None and name is not None:
+        kept = _index_files.load(name, kind)
+        if kept is not None:
+            value = _from_arrays(codec, kept, name)
+    if value is None:
+        with open(index, "rb") as f:
+            data = f.read()
+        with _LOCK:
+            _parses += 1
+        value = parse(data, stamps[0].size)
+        if codec is not None and name is not None:
+            arrays, values = codec.to_arrays(value)
+            if _index_files.save(name, kind, arrays, values):
+                kept = _index_files.load(name, kind)  # the mapped copy, shared, instead
+                mapped = None if kept is None else _from_arrays(codec, kept, name)
+                value = value if mapped is None else mapped
     again = (stamp_of(shard), stamp_of(index))
     with _LOCK:
         old = _TABLE.pop(key, None)
         if old is not None:
             _held -= old.value.nbytes
-        if again == stamps and settled(stamps[0], now) and settled(stamps[1], now):
+        if again == stamps and steady:
             _TABLE[key] = _Entry(stamps, value)
             _held += value.nbytes
             _trim()
     return value, stamps[0]
+
+
+def _from_arrays(codec: Codec[P], kept: Arrays, name: str) -> P | None:
+    """The index from a file's arrays, or ``None`` when they do not make one (a file written by
+    another version: the index is parsed again)."""
+    try:
+        return codec.from_arrays(*kept)
+    except (KeyError, ValueError, TypeError, IndexError) as exc:
+        log.debug("ignoring the parsed index file %s: %s", name, exc)
+        return None
 
 
 def _trim() -> None:

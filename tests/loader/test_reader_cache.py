@@ -235,9 +235,17 @@ def test_epoch_parses_each_index_once_per_process(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("files", [True, False], ids=["index-files", "no-index-files"])
 def test_budget_holds_and_trimmed_indexes_are_parsed_again(
-    indexed_root: Path, fmt: str, empty_cache: None, monkeypatch: pytest.MonkeyPatch
+    indexed_root: Path,
+    fmt: str,
+    empty_cache: None,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    files: bool,
 ) -> None:
+    """Without index files a trimmed index is parsed again; with them it is mapped again."""
+    monkeypatch.setenv("FASTLOAD_INDEX_DIR", str(tmp_path / "index-files") if files else "")
     store = LocalStore(str(indexed_root))
     monkeypatch.setattr(_index_cache, "budget", _index_cache.IndexBudget(entries=3, nbytes=1 << 30))
     before = _index_cache.parse_count()
@@ -247,7 +255,8 @@ def test_budget_holds_and_trimmed_indexes_are_parsed_again(
             assert len(reader) == PER_SHARD
             assert len(_index_cache._TABLE) <= 3
             reader.close()
-    assert _index_cache.parse_count() - before == 12  # LRU of 3 over a cycle of 6: all missed
+    # LRU of 3 over a cycle of 6: all missed, and parsed again unless kept as files
+    assert _index_cache.parse_count() - before == (6 if files else 12)
     one = _index_cache.held_bytes() // 3
     monkeypatch.setattr(_index_cache, "budget", _index_cache.IndexBudget(100, 2 * one))
     reader = READERS[fmt](store, _shard(indexed_root, fmt, 7).name)

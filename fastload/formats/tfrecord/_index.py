@@ -13,7 +13,7 @@ from fastload.formats.tfrecord._compression import detect_compression
 from fastload.formats.tfrecord._framing import HEADER, HEADER_SIZE, masked_crc
 from fastload.storage import ByteRange, Store
 
-__all__ = ["RecordIndex", "build_index", "parse_index", "parse_local_index", "scan_index"]
+__all__ = ["CODEC", "RecordIndex", "build_index", "parse_index", "parse_local_index", "scan_index"]
 
 _FIX = "; the index is damaged or stale: rebuild it with `fastload index`"
 #: Record boundaries below this fit 4 bytes (:class:`RecordIndex`).
@@ -35,7 +35,9 @@ class RecordIndex:
 
     def __init__(self, bounds: npt.NDArray[np.integer[Any]]) -> None:
         narrow = len(bounds) > 0 and int(bounds[-1]) < _NARROW  # bounds rise from 0
-        self._bounds: npt.NDArray[np.integer[Any]] = bounds.astype(np.uint32) if narrow else bounds
+        self._bounds: npt.NDArray[np.integer[Any]] = (
+            bounds.astype(np.uint32, copy=False) if narrow else bounds
+        )
 
     def __len__(self) -> int:
         return len(self._bounds) - 1
@@ -105,6 +107,23 @@ def _decimal_values(text: bytes) -> npt.NDArray[np.int64] | None:
     if len(values) != tokens or int(values.max()) >= _HUGE:
         return None
     return values
+
+
+class Codec:
+    """A :class:`RecordIndex` as arrays and back, for the index files every process maps
+    (:mod:`fastload.formats._index_files`)."""
+
+    @staticmethod
+    def to_arrays(value: RecordIndex) -> tuple[dict[str, npt.NDArray[Any]], dict[str, Any]]:
+        return {"bounds": value._bounds}, {}
+
+    @staticmethod
+    def from_arrays(arrays: dict[str, npt.NDArray[Any]], values: dict[str, Any]) -> RecordIndex:
+        return RecordIndex(arrays["bounds"])
+
+
+#: The codec of TFRecord's parsed indexes.
+CODEC = Codec()
 
 
 def parse_index(text: bytes, *, url: str, shard_size: int | None = None) -> RecordIndex:

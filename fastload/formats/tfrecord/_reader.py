@@ -21,6 +21,7 @@ from fastload.formats.tfrecord._compression import (
 from fastload.formats.tfrecord._decode import FAST_PATH_MISSES, Buffer, decode_fast
 from fastload.formats.tfrecord._example import ProtoError
 from fastload.formats.tfrecord._framing import HEADER, HEADER_SIZE, U32LE, crc32c, mask, masked_crc
+from fastload.formats.tfrecord._index import CODEC as INDEX_CODEC
 from fastload.formats.tfrecord._index import (
     RecordIndex,
     parse_index,
@@ -293,7 +294,9 @@ class TFRecordReader(ShardReader):
             if shard_path is not None and index_path is not None:  # parsed once per process
                 parse = partial(parse_local_index, url=iurl, shard=shard_path)
                 try:
-                    found = _index_cache.cached("tfrecord", shard_path, index_path, parse)
+                    found = _index_cache.cached(
+                        "tfrecord", shard_path, index_path, parse, INDEX_CODEC
+                    )
                 except (CorruptDataError, OSError):
                     found = None  # compressed, damaged, or gone: the checks below say which
             if found is not None:

@@ -27,7 +27,7 @@ import numpy.typing as npt
 from fastload.errors import CorruptDataError
 from fastload.formats.webdataset._tar import BLOCK
 
-__all__ = ["Component", "SampleIndex", "parse_uniform"]
+__all__ = ["CODEC", "Component", "SampleIndex", "parse_uniform"]
 
 IntArray = npt.NDArray[np.int64]
 #: An array of integers of any width (held narrow where the values allow).
@@ -66,8 +66,8 @@ class SampleIndex:
         sizes: Each component's data size.
         fields: Each component's field, as a position in ``exts``.
         exts: The distinct fields.
-        keys: The samples' keys, UTF-8 (surrogate escapes) back to back, or ``None`` when the
-            index names no members (``v1.1``).
+        keys: The samples' keys, UTF-8 (surrogate escapes) back to back (bytes, or a view of
+            a mapped index file), or ``None`` when the index names no members (``v1.1``).
         key_starts: ``n + 1`` offsets of the keys in ``keys`` (``None`` with ``keys``).
     """
 
@@ -78,7 +78,7 @@ class SampleIndex:
         sizes: Ints,
         fields: Ints,
         exts: Sequence[str],
-        keys: bytes | None,
+        keys: bytes | memoryview | None,
         key_starts: Ints | None,
     ) -> None:
         self._exts = tuple(exts)
@@ -86,7 +86,9 @@ class SampleIndex:
         wide = len(offsets) and int((offsets + sizes).max()) >= _NARROW  # sums must fit too
         self._offsets = offsets if wide else _narrow(offsets)
         self._sizes = sizes if wide else _narrow(sizes)
-        self._fields: Ints = fields.astype(np.uint8) if len(self._exts) <= 256 else fields
+        self._fields: Ints = (
+            fields.astype(np.uint8, copy=False) if len(self._exts) <= 256 else fields
+        )
         self._keys = keys
         self._key_starts = None if key_starts is None else _narrow(key_starts)
         self._end: int | None = None  # where the last component ends
@@ -136,7 +138,7 @@ class SampleIndex:
         if self._keys is None or self._key_starts is None:
             return None
         a, b = self._key_starts[i : i + 2].tolist()
-        return self._keys[a:b].decode("utf-8", "surrogateescape")
+        return str(self._keys[a:b], "utf-8", "surrogateescape")
 
     def components(self, i: int) -> list[Component]:
         """Sample ``i``'s members in shard order (``0 <= i < len(self)``)."""
@@ -211,7 +213,7 @@ class SampleIndex:
 def _narrow(values: Ints) -> Ints:
     """``values`` (non-negative) as 4-byte unsigned integers where they all fit, else as given."""
     if len(values) and int(values.max()) < _NARROW and int(values.min()) >= 0:
-        return values.astype(np.uint32)
+        return values.astype(np.uint32, copy=False)
     return values
 
 
@@ -275,3 +277,38 @@ def parse_uniform(data: bytes, rows: list[bytes]) -> SampleIndex | None:
         b"".join(keys),
         _bounds(list(map(len, keys))),
     )
+
+
+class Codec:
+    """A :class:`SampleIndex` as arrays and back, for the index files every process maps
+    (:mod:`fastload.formats._index_files`)."""
+
+    @staticmethod
+    def to_arrays(value: SampleIndex) -> tuple[dict[str, Ints], dict[str, Any]]:
+        arrays = {
+            "starts": value._starts,
+            "offsets": value._offsets,
+            "sizes": value._sizes,
+            "fields": value._fields,
+        }
+        if value._keys is not None and value._key_starts is not None:
+            arrays["keys"] = np.frombuffer(value._keys, dtype=np.uint8)
+            arrays["key_starts"] = value._key_starts
+        return arrays, {"exts": list(value._exts)}
+
+    @staticmethod
+    def from_arrays(arrays: dict[str, Ints], values: dict[str, Any]) -> SampleIndex:
+        keys = arrays.get("keys")
+        return SampleIndex(
+            arrays["starts"],
+            arrays["offsets"],
+            arrays["sizes"],
+            arrays["fields"],
+            [str(ext) for ext in values["exts"]],
+            None if keys is None else keys.data,
+            arrays.get("key_starts"),
+        )
+
+
+#: The codec of WebDataset's parsed indexes.
+CODEC = Codec()

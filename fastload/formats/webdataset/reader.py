@@ -12,6 +12,7 @@ from fastload.formats import _index_cache
 from fastload.formats._base import DAMAGED_SHARD_REMEDY, ReaderOptions, ShardReader
 from fastload.formats._mmap import local_file, map_file
 from fastload.formats.webdataset._checks import check_indexed_header
+from fastload.formats.webdataset._compact import CODEC as INDEX_CODEC
 from fastload.formats.webdataset._compressed import (
     HEAD_BYTES,
     InflatedView,
@@ -123,7 +124,11 @@ class WebDatasetReader(ShardReader):
             if shard_path is not None and index_path is not None:  # parsed once per process
                 try:
                     found = _index_cache.cached(
-                        "webdataset", shard_path, index_path, lambda d, _: load_index(d, url=iurl)
+                        "webdataset",
+                        shard_path,
+                        index_path,
+                        lambda d, _: load_index(d, url=iurl),
+                        INDEX_CODEC,
                     )
                 except FileNotFoundError:  # a cache evicted the file: read through the store
                     found = None
