@@ -31,6 +31,10 @@ measures the code as it is changed:
    first batch, and each worker's descriptors and mappings at the end. (WebDataset at 10^8
    samples would take 205 GB: a tar member costs >= 1 KiB.)
 
+Every child starts with no parsed index files (``FASTLOAD_INDEX_DIR`` set to an empty temporary
+directory: each run parses and writes its indexes, as a first run on a machine does); set
+``FASTLOAD_INDEX_DIR`` to share one directory across the children (runs after the first).
+
 For each series the table gives the figure at each size and the slope ``k`` between consecutive
 sizes, ``log(f2 / f1) / log(n2 / n1)``: 0 is flat, 1 linear in the size (for a rate, -1 means
 the rate halves when the size doubles). The datasets are built once under
@@ -51,6 +55,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable, Sequence
@@ -379,6 +384,16 @@ def slope(n1: int, f1: float, n2: int, f2: float) -> float | None:
     return math.log(f2 / f1) / math.log(n2 / n1)
 
 
+def _child_env(fresh: str) -> dict[str, str]:
+    """A child's environment: parsed index files (``fastload/formats/_index_files.py``) in the
+    empty directory ``fresh``, so that every run parses its indexes as a first run on the machine
+    does (the slower case), unless ``FASTLOAD_INDEX_DIR`` is set (then the children share it:
+    set it to measure runs after the first)."""
+    env = dict(os.environ)
+    env.setdefault("FASTLOAD_INDEX_DIR", fresh)
+    return env
+
+
 def run_series(series: Series, quick: bool, rounds: int = 1) -> dict[str, Any]:
     """Measure ``series`` at each size (in a fresh child each, sizes alternating over ``rounds``)
     and print its table of medians."""
@@ -397,7 +412,8 @@ def run_series(series: Series, quick: bool, rounds: int = 1) -> dict[str, Any]:
             runs[n].append({"error": args})
             continue
         cmd = [sys.executable, "-m", "benchmarks.bench_scale", "--child", series.name, str(n)]
-        runs[n].append(run_child(cmd + args, timeout=CHILD_TIMEOUT))
+        with tempfile.TemporaryDirectory(prefix="fastload-index-files-") as fresh:
+            runs[n].append(run_child(cmd + args, timeout=CHILD_TIMEOUT, env=_child_env(fresh)))
         if rounds > 1:
             figure = runs[n][-1].get(series.figures[0][0], 0.0)
             print(f"  round {r} {n:,}: {_fmt(figure)} (load {os.getloadavg()[0]:.1f})", flush=True)
