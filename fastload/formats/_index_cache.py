@@ -182,7 +182,7 @@ def cached(
         with _LOCK:
             _parses += 1
         value = parse(data, stamps[0].size)
-        if codec is not None and name is not None:
+        if codec is not None and name is not None and (stamp_of(shard), stamp_of(index)) == stamps:
             arrays, values = codec.to_arrays(value)
             if _index_files.save(name, kind, arrays, values):
                 kept = _index_files.load(name, kind)  # the mapped copy, shared, instead

@@ -16,7 +16,8 @@ modification and change times): a shard or index written again gets another name
 file is never read again. Only indexes of files modified at least
 :data:`~fastload.formats._index_cache.STABLE_AGE_NS` before the parse are written (the rule the
 in-process cache keeps). The directory holds at most :func:`budget_bytes` (``$FASTLOAD_INDEX_
-CACHE_BYTES``, default 4 GiB); beyond it the files written or used longest ago are removed.
+CACHE_BYTES``, default 4 GiB, checked at a process's first write and after each 1/64 of it
+written); beyond it the files written or used longest ago are removed.
 
 A file is ``MAGIC``, an 8-byte little-endian header length, a JSON header (the kind, the arrays'
 names, dtypes, lengths and offsets, the parser's small values, and a BLAKE2b digest of the array
@@ -67,6 +68,10 @@ _libc.mmap.argtypes = [
 ]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MAP_FAILED = ctypes.c_void_p(-1).value
+#: The directory's size is checked after a process wrote this fraction of the budget since its
+#: last check (and at its first write): it may exceed the budget by about that much per process.
+_TRIM_EVERY = 64
+_unchecked = 1 << 62  # bytes written since the last check: the first write checks
 
 
 def directory() -> Path | None:
@@ -134,7 +139,12 @@ def save(name: str, kind: str, arrays: dict[str, npt.NDArray[Any]], values: dict
     except OSError as exc:
         log.debug("cannot keep the parsed index %s in %s: %s", name, where, exc)
         return False
-    _trim(where, budget_bytes())
+    global _unchecked
+    _unchecked += start + offset
+    budget = budget_bytes()
+    if _unchecked > budget // _TRIM_EVERY:  # the whole directory is read: not at every write
+        _unchecked = 0
+        _trim(where, budget)
     return True
 
 
