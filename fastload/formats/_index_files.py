@@ -47,11 +47,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["MAGIC", "budget_bytes", "directory", "entry_name", "load", "save"]
+__all__ = ["MAGIC", "MARK", "budget_bytes", "directory", "entry_name", "load", "mark", "save"]
 
 log = logging.getLogger("fastload.formats")
 
 MAGIC = b"FLIDX01\n"
+#: The suffix of the empty files that record a fact (:func:`mark`).
+MARK = ".ok"
+_BLOCK = 4096
 _ALIGN = 64
 _DEFAULT_BUDGET = 4 << 30
 _SUFFIX = ".fidx"
@@ -148,6 +151,17 @@ def save(name: str, kind: str, arrays: dict[str, npt.NDArray[Any]], values: dict
     return True
 
 
+def mark(path: str) -> None:
+    """Create the empty file ``path`` in the directory (a record that something was found true,
+    e.g. :mod:`~fastload.formats._verified`'s; trimmed with the index files, counted as one
+    block each); never raises for a file system problem."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644))
+    except OSError as exc:
+        log.debug("cannot record %s: %s", path, exc)
+
+
 def _map(path: Path) -> npt.NDArray[np.uint8] | None:
     """The file mapped read-only as bytes, holding no descriptor; ``None`` if it cannot be."""
     try:
@@ -212,10 +226,11 @@ def _trim(where: Path, budget: int) -> None:
         total = 0
         with os.scandir(where) as entries:
             for entry in entries:
-                if entry.name.endswith(_SUFFIX) and not entry.name.startswith(".tmp-"):
+                if entry.name.endswith((_SUFFIX, MARK)) and not entry.name.startswith(".tmp-"):
                     st = entry.stat()
-                    files.append((st.st_mtime_ns, st.st_size, entry.path))
-                    total += st.st_size
+                    size = max(st.st_size, _BLOCK)  # an empty record still takes an inode
+                    files.append((st.st_mtime_ns, size, entry.path))
+                    total += size
         if total <= budget:
             return
         files.sort()

@@ -14,6 +14,11 @@ the manifest's hash; it is found by probing :data:`PROBES` slots from the digest
 aligned words are atomic, and the worst a race can do is lose a record (the file is hashed again).
 Processes started otherwise (``spawn``) each have their own table.
 
+Across runs, a match is also recorded as an empty file (``<digest>.ok``) in the directory of the
+parsed index files (:mod:`~fastload.formats._index_files`; not where those are turned off), named
+by a 128-bit digest of the same identity and hash: a later run on the machine finds it with one
+``stat`` and does not hash the file either.
+
 A record is made only when the file's modification time is at least
 :data:`~fastload.formats._index_cache.STABLE_AGE_NS` older than the hash (a change within the
 file system's timestamp granularity could keep the time: Git's "racy" rule, as for parsed indexes
@@ -30,7 +35,9 @@ import time
 
 import numpy as np
 
+from fastload.formats import _index_files
 from fastload.formats._index_cache import STABLE_AGE_NS
+from fastload.formats._index_files import MARK
 
 __all__ = ["PROBES", "SLOTS", "known", "remember"]
 
@@ -54,10 +61,35 @@ def _slots(word: int) -> list[int]:
     return [(first + i) % SLOTS for i in range(PROBES)]
 
 
+def _marker(st: os.stat_result, sha256: str) -> str | None:
+    """The path of the file that records the match across runs, or ``None`` (files off)."""
+    where = _index_files.directory()
+    if where is None:
+        return None
+    who = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{sha256}"
+    return str(where / (hashlib.blake2b(who.encode(), digest_size=16).hexdigest() + MARK))
+
+
 def known(st: os.stat_result, sha256: str) -> bool:
-    """Whether a process of this tree found the file ``st`` describes to hash to ``sha256``."""
+    """Whether a process of this tree, or of an earlier run on this machine, found the file
+    ``st`` describes to hash to ``sha256``."""
     word = np.uint64(_digest(st, sha256))
-    return any(_TABLE[slot] == word for slot in _slots(int(word)))
+    if any(_TABLE[slot] == word for slot in _slots(int(word))):
+        return True
+    marker = _marker(st, sha256)
+    if marker is None or not os.path.exists(marker):
+        return False
+    _remember_here(int(word))
+    return True
+
+
+def _remember_here(word: int) -> None:
+    slots = _slots(word)
+    for slot in slots:
+        if _TABLE[slot] in (0, word):
+            _TABLE[slot] = word
+            return
+    _TABLE[slots[0]] = word
 
 
 def remember(st: os.stat_result, sha256: str, at_ns: int | None = None) -> bool:
@@ -67,11 +99,8 @@ def remember(st: os.stat_result, sha256: str, at_ns: int | None = None) -> bool:
     at = time.time_ns() if at_ns is None else at_ns
     if st.st_mtime_ns > at - STABLE_AGE_NS:
         return False
-    word = _digest(st, sha256)
-    slots = _slots(word)
-    for slot in slots:
-        if _TABLE[slot] in (0, word):
-            _TABLE[slot] = word
-            return True
-    _TABLE[slots[0]] = word
+    _remember_here(_digest(st, sha256))
+    marker = _marker(st, sha256)
+    if marker is not None:
+        _index_files.mark(marker)
     return True

@@ -244,3 +244,50 @@ def test_a_file_written_again_or_just_now_is_not_remembered(tmp_path: Path) -> N
     path.write_bytes(b"x" * 100)  # the same bytes, written again: new times
     os.utime(path, (old, old))  # even with the old modification time (the change time moves)
     assert not _verified.known(os.stat(path), sha)
+
+
+def test_a_match_is_remembered_by_later_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+    import sys
+
+    from fastload.formats import _verified
+    from fastload.formats.lmdb import _pages
+
+    monkeypatch.setenv("FASTLOAD_INDEX_DIR", str(tmp_path / "records"))
+    store, _, raw = _build(tmp_path, 300, 16)
+    path = tmp_path / KEY
+    old = path.stat().st_mtime - 10
+    os.utime(path, (old, old))
+    sha = hashlib.sha256(raw).hexdigest()
+    code = (
+        "import sys\n"
+        "from fastload.formats.lmdb import LMDBReader\n"
+        "from fastload.storage import open_store\n"
+        "r = LMDBReader(open_store(sys.argv[1]), sys.argv[2], num_bytes=int(sys.argv[3]),"
+        " sha256=sys.argv[4])\n"
+        "print(r._open()[1].pages.trusted, r.read(5)['__key__'])\n"
+    )
+    out = subprocess.run(  # another run: a process that is not forked from this one
+        [sys.executable, "-c", code, str(tmp_path), KEY, str(len(raw)), sha],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert out == ["True", "000005"]
+    assert len(list((tmp_path / "records").glob("*.ok"))) == 1
+
+    class NoHash:
+        @staticmethod
+        def sha256(data: Any) -> Any:
+            raise AssertionError("hashed again")
+
+    monkeypatch.setattr(_pages, "hashlib", NoHash)
+    assert _verified.known(os.stat(path), sha)
+    reader = _reader(store, raw, sha)
+    assert _trusted(reader)
+    reader.close()
+    monkeypatch.setenv("FASTLOAD_INDEX_DIR", "")  # records off: none written
+    assert _verified.remember(os.stat(path), "1" * 64)  # in this process tree only
+    assert len(list((tmp_path / "records").glob("*.ok"))) == 1
