@@ -40,6 +40,7 @@ import logging
 import mmap
 import os
 import tempfile
+import time
 import weakref
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,8 @@ MAGIC = b"FLIDX01\n"
 #: The suffix of the empty files that record a fact (:func:`mark`).
 MARK = ".ok"
 _BLOCK = 4096
+#: A temporary file this much older than a trim belongs to a writer that died.
+_ABANDONED_NS = 3600 * 10**9
 _ALIGN = 64
 _DEFAULT_BUDGET = 4 << 30
 _SUFFIX = ".fidx"
@@ -220,13 +223,19 @@ def load(name: str, kind: str) -> tuple[dict[str, npt.NDArray[Any]], dict[str, A
 
 def _trim(where: Path, budget: int) -> None:
     """Remove the files written or used longest ago while the directory holds more than
-    ``budget`` bytes (down to 90 % of it)."""
+    ``budget`` bytes (down to 90 % of it), and temporary files older than an hour (left by a
+    writer that was killed)."""
     try:
         files = []
         total = 0
         with os.scandir(where) as entries:
             for entry in entries:
-                if entry.name.endswith((_SUFFIX, MARK)) and not entry.name.startswith(".tmp-"):
+                if entry.name.startswith(".tmp-"):  # a writer's; one killed left it behind
+                    with contextlib.suppress(OSError):
+                        if entry.stat().st_mtime_ns < time.time_ns() - _ABANDONED_NS:
+                            os.unlink(entry.path)
+                    continue
+                if entry.name.endswith((_SUFFIX, MARK)):
                     st = entry.stat()
                     size = max(st.st_size, _BLOCK)  # an empty record still takes an inode
                     files.append((st.st_mtime_ns, size, entry.path))

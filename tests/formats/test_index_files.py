@@ -202,3 +202,19 @@ def test_default_directory_is_the_user_cache(monkeypatch: pytest.MonkeyPatch) ->
     assert _index_files.directory() == Path("/somewhere/fastload/indexes")
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert _index_files.directory() == Path.home() / ".cache" / "fastload" / "indexes"
+
+
+def test_temporary_files_of_a_killed_writer_are_removed(
+    tmp_path: Path, files: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files.mkdir(parents=True)
+    stale, fresh = files / ".tmp-abc.fidx", files / ".tmp-def.fidx"
+    for path in (stale, fresh):
+        path.write_bytes(b"partial")
+    old = stale.stat().st_mtime - 7200
+    os.utime(stale, (old, old))
+    monkeypatch.setattr(_index_files, "_unchecked", 1 << 62)  # the next write checks
+    key = _write(tmp_path, "tfrecord")
+    assert _read_all(tmp_path, "tfrecord", key) == EXPECTED
+    assert not stale.exists()
+    assert fresh.exists()  # another writer may still be writing it
