@@ -33,7 +33,8 @@ def check_file(
     """The meta pages and the length of the file of ``reader``'s shard (``size`` bytes in
     ``view``; ``st``: its ``fstat``), before LMDB maps it; and whether its bytes are the
     manifest's (:func:`~fastload.formats.lmdb._pages.matches_manifest`, or a process of this
-    tree found so: :mod:`~fastload.formats._verified`): then no page of it needs checks.
+    tree or an earlier run found so: :mod:`~fastload.formats._verified`): then no page of it
+    needs checks.
 
     A file whose bytes differ from the manifest's is read with the page checks, and a warning
     says so once per opening (damaged values that still decode are not found by them).
@@ -71,7 +72,8 @@ def check_file(
 def _intact(
     view: FileBytes, size: int, meta: MetaPage, reader: ShardReader, st: os.stat_result | None
 ) -> bool | None:
-    """:func:`matches_manifest`, remembered across the process tree for the file ``st``."""
+    """:func:`matches_manifest`, remembered for the file ``st`` across the process tree and
+    runs (:mod:`~fastload.formats._verified`)."""
     sha256, expected = reader.expected_sha256, reader.expected_bytes
     if st is None or sha256 is None or st.st_size != size:
         return matches_manifest(view, size, meta, sha256, expected)
