@@ -50,6 +50,7 @@ __all__ = [
     "held_bytes",
     "parse_count",
     "settled",
+    "stamp_from",
     "stamp_of",
 ]
 
@@ -77,7 +78,11 @@ def stamp_of(path: str) -> FileStamp:
     Raises:
         OSError: The file cannot be stat'ed.
     """
-    st = os.stat(path)
+    return stamp_from(os.stat(path))
+
+
+def stamp_from(st: os.stat_result) -> FileStamp:
+    """The :class:`FileStamp` of a ``stat`` result (e.g. an ``fstat`` of an open file)."""
     return FileStamp(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
@@ -182,13 +187,15 @@ def cached(
         with _LOCK:
             _parses += 1
         value = parse(data, stamps[0].size)
-        if codec is not None and name is not None and (stamp_of(shard), stamp_of(index)) == stamps:
+        again = (stamp_of(shard), stamp_of(index))
+        if codec is not None and name is not None and again == stamps:
             arrays, values = codec.to_arrays(value)
             if _index_files.save(name, kind, arrays, values):
                 kept = _index_files.load(name, kind)  # the mapped copy, shared, instead
                 mapped = None if kept is None else _from_arrays(codec, kept, name)
                 value = value if mapped is None else mapped
-    again = (stamp_of(shard), stamp_of(index))
+    else:
+        again = (stamp_of(shard), stamp_of(index))
     with _LOCK:
         old = _TABLE.pop(key, None)
         if old is not None:

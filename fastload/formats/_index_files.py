@@ -56,6 +56,8 @@ MAGIC = b"FLIDX01\n"
 #: The suffix of the empty files that record a fact (:func:`mark`).
 MARK = ".ok"
 _BLOCK = 4096
+#: A file used this much later than its modification time is touched (its age orders the trim).
+_USED_NS = 3600 * 10**9
 #: A temporary file this much older than a trim belongs to a writer that died.
 _ABANDONED_NS = 3600 * 10**9
 _ALIGN = 64
@@ -165,14 +167,16 @@ def mark(path: str) -> None:
         log.debug("cannot record %s: %s", path, exc)
 
 
-def _map(path: Path) -> npt.NDArray[np.uint8] | None:
-    """The file mapped read-only as bytes, holding no descriptor; ``None`` if it cannot be."""
+def _map(path: Path) -> tuple[npt.NDArray[np.uint8], int] | None:
+    """The file mapped read-only as bytes, holding no descriptor, and its modification time;
+    ``None`` if it cannot be mapped."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return None
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        size = st.st_size
         if size == 0:
             return None
         addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
@@ -184,7 +188,7 @@ def _map(path: Path) -> npt.NDArray[np.uint8] | None:
     weakref.finalize(pages, _libc.munmap, addr, size)  # after the last array over it
     array: npt.NDArray[np.uint8] = np.frombuffer(memoryview(pages).cast("B"), dtype=np.uint8)
     array.flags.writeable = False
-    return array
+    return array, st.st_mtime_ns
 
 
 def load(name: str, kind: str) -> tuple[dict[str, npt.NDArray[Any]], dict[str, Any]] | None:
@@ -193,9 +197,10 @@ def load(name: str, kind: str) -> tuple[dict[str, npt.NDArray[Any]], dict[str, A
     where = directory()
     if where is None:
         return None
-    raw = _map(where / name)
-    if raw is None:
+    found = _map(where / name)
+    if found is None:
         return None
+    raw, mtime_ns = found
     try:
         if bytes(raw[: len(MAGIC)]) != MAGIC:
             return None
@@ -216,8 +221,9 @@ def load(name: str, kind: str) -> tuple[dict[str, npt.NDArray[Any]], dict[str, A
         values: dict[str, Any] = header["values"]
     except (ValueError, TypeError, KeyError, IndexError):
         return None
-    with contextlib.suppress(OSError):
-        os.utime(where / name)  # used now: trimmed last
+    if mtime_ns < time.time_ns() - _USED_NS:  # used now: trimmed last (a write at most hourly)
+        with contextlib.suppress(OSError):
+            os.utime(where / name)
     return arrays, values
 
 

@@ -36,7 +36,7 @@ import time
 import numpy as np
 
 from fastload.formats import _index_files
-from fastload.formats._index_cache import STABLE_AGE_NS
+from fastload.formats._index_cache import settled, stamp_from
 from fastload.formats._index_files import MARK
 
 __all__ = ["PROBES", "SLOTS", "known", "remember"]
@@ -50,9 +50,13 @@ _MAP = mmap.mmap(-1, SLOTS * 8)  # anonymous and shared: forked children see the
 _TABLE = np.frombuffer(_MAP, dtype=np.uint64)
 
 
+def _who(st: os.stat_result, sha256: str) -> bytes:
+    """The file's identity (its :class:`~fastload.formats._index_cache.FileStamp`) and the hash."""
+    return ":".join(map(str, (*stamp_from(st), sha256))).encode()
+
+
 def _digest(st: os.stat_result, sha256: str) -> int:
-    who = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{sha256}"
-    word = int.from_bytes(hashlib.blake2b(who.encode(), digest_size=8).digest(), "little")
+    word = int.from_bytes(hashlib.blake2b(_who(st, sha256), digest_size=8).digest(), "little")
     return word | 1  # never 0, the empty slot
 
 
@@ -66,8 +70,7 @@ def _marker(st: os.stat_result, sha256: str) -> str | None:
     where = _index_files.directory()
     if where is None:
         return None
-    who = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{sha256}"
-    return str(where / (hashlib.blake2b(who.encode(), digest_size=16).hexdigest() + MARK))
+    return str(where / (hashlib.blake2b(_who(st, sha256), digest_size=16).hexdigest() + MARK))
 
 
 def known(st: os.stat_result, sha256: str) -> bool:
@@ -95,9 +98,8 @@ def _remember_here(word: int) -> None:
 def remember(st: os.stat_result, sha256: str, at_ns: int | None = None) -> bool:
     """Record that the file ``st`` describes hashed to ``sha256`` (hashed at ``at_ns``, by
     ``time.time_ns()``: now when not given); whether it was recorded (not for a file modified
-    less than :data:`STABLE_AGE_NS` before the hash)."""
-    at = time.time_ns() if at_ns is None else at_ns
-    if st.st_mtime_ns > at - STABLE_AGE_NS:
+    less than :data:`~fastload.formats._index_cache.STABLE_AGE_NS` before the hash)."""
+    if not settled(stamp_from(st), time.time_ns() if at_ns is None else at_ns):
         return False
     _remember_here(_digest(st, sha256))
     marker = _marker(st, sha256)

@@ -83,7 +83,8 @@ class SampleIndex:
     ) -> None:
         self._exts = tuple(exts)
         self._starts = _narrow(starts)
-        wide = len(offsets) and int((offsets + sizes).max()) >= _NARROW  # sums must fit too
+        self._end = int((offsets + sizes).max(initial=0))  # where the last component ends
+        wide = self._end >= _NARROW  # the sums must fit the narrow type too
         self._offsets = offsets if wide else _narrow(offsets)
         self._sizes = sizes if wide else _narrow(sizes)
         self._fields: Ints = (
@@ -91,7 +92,6 @@ class SampleIndex:
         )
         self._keys = keys
         self._key_starts = None if key_starts is None else _narrow(key_starts)
-        self._end: int | None = None  # where the last component ends
 
     @classmethod
     def from_samples(cls, samples: Sequence[Sequence[Component]]) -> SampleIndex:
@@ -194,8 +194,6 @@ class SampleIndex:
         Raises:
             CorruptDataError: Names the first index line that points past the end.
         """
-        if self._end is None:  # computed once: readers check every reopen
-            self._end = int((self._offsets + self._sizes).max(initial=0))
         if self._end <= shard_size:
             return
         ends = self._offsets + self._sizes
