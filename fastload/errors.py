@@ -15,6 +15,8 @@ Errors never carry credentials.
 from __future__ import annotations
 
 __all__ = [
+    "BatchShapeError",
+    "CacheFullError",
     "ConversionError",
     "CorruptDataError",
     "DatasetExistsError",
@@ -113,6 +115,27 @@ class StoreUnavailableError(StoreError, ConnectionError):
     """The store could not be reached even after retrying; the message says for how long it tried."""
 
 
+class CacheFullError(StoreError, OSError):
+    """A local cache could not hold an object: its filesystem had no room (``ENOSPC``) or the
+    disk quota was spent (``EDQUOT``) even after evicting what could be evicted.
+
+    The message names the object, the cache directory, its byte budget and the free space, and
+    says what to change. :attr:`errno` is ``ENOSPC`` or ``EDQUOT``, so code that checks an
+    ``OSError``'s errno keeps working. A :class:`~fastload.storage.CachingStore` raises it only
+    where a local copy is required (:meth:`~fastload.storage.Store.local_path`); its reads stream
+    such an object uncached instead.
+
+    Attributes:
+        url: The URL of the object that did not fit.
+        cache_dir: The cache directory.
+    """
+
+    def __init__(self, message: str, *, url: str = "", cache_dir: str = "", code: int = 0) -> None:
+        super().__init__(message, url=url)
+        self.cache_dir = cache_dir
+        self.errno = code or None
+
+
 # --- data and formats ---------------------------------------------------------------------------
 
 
@@ -185,6 +208,33 @@ class ConversionError(FastloadError):
 
 
 # --- loading -------------------------------------------------------------------------------------
+
+
+class BatchShapeError(FastloadError, ValueError):
+    """The samples of a batch cannot be stacked: a field holds arrays of different shapes (images
+    of different sizes without a resizing transform, say).
+
+    The message names the field, two of the shapes (with their sample keys when known) and the
+    ways out: a transform that gives every sample one shape, or a ``collate_fn`` that keeps a list.
+
+    Attributes:
+        field: The field, as a name (``'jpg'``) or a position in tuple samples (``'[0]'``).
+        shapes: Two of the differing shapes.
+        keys: The sample keys of those two shapes, ``None`` where unknown.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str = "",
+        shapes: tuple[tuple[int, ...], tuple[int, ...]] = ((), ()),
+        keys: tuple[str | None, str | None] = (None, None),
+    ) -> None:
+        super().__init__(message)
+        self.field = field
+        self.shapes = shapes
+        self.keys = keys
 
 
 class WorkerError(FastloadError, RuntimeError):
