@@ -15,7 +15,7 @@ from __future__ import annotations
 import mmap
 import os
 
-from fastload.errors import ObjectNotFoundError
+from fastload.errors import CacheFullError, ObjectNotFoundError
 from fastload.storage import Store
 
 __all__ = ["local_file", "map_file"]
@@ -26,13 +26,15 @@ _O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 def local_file(store: Store, key: str) -> str | None:
     """The local path of ``key`` when the store has one (else ``None``, also when it is missing).
 
-    A missing object gives ``None`` so that the store's own reader raises its usual error.
+    A missing object gives ``None`` so that the store's own reader raises its usual error; so does
+    one that a cache cannot hold (too large for its budget, or no room on its disk: the readers
+    then stream it).
     """
     if not store.has_local_paths:
         return None
     try:
         return store.local_path(key)
-    except ObjectNotFoundError:  # missing, or e.g. too large for a local cache
+    except (ObjectNotFoundError, CacheFullError):  # missing, too large for a cache, no room
         return None
 
 

@@ -8,6 +8,7 @@ same wrappers around a store you already have. Backends never know about shard f
 
 from fastload.storage._base import ByteRange, ObjectMeta, ObjectWriter, Store, validate_key
 from fastload.storage._cache import CachingStore, parse_size
+from fastload.storage._cache_dir import CacheSpaceWarning
 from fastload.storage._limit import LimitStore
 from fastload.storage._local import LocalStore
 from fastload.storage._memory import MemoryStore
@@ -17,6 +18,7 @@ from fastload.storage._wrapper import WrapperStore
 
 __all__ = [
     "ByteRange",
+    "CacheSpaceWarning",
     "CachingStore",
     "LimitStore",
     "LocalStore",

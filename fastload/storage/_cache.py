@@ -42,10 +42,10 @@ from typing import cast
 
 from fastload._lazy import PerProcess
 from fastload._units import parse_size
-from fastload.errors import InvalidArgumentError, ObjectNotFoundError
+from fastload.errors import CacheFullError, InvalidArgumentError, ObjectNotFoundError, StoreError
 from fastload.storage._base import DEFAULT_COALESCE_BYTES, DEFAULT_READ_CHUNK, ObjectWriter, Store
 from fastload.storage._cache_counters import COUNTER_NAMES, ProcessCounters
-from fastload.storage._cache_dir import CacheDirectory
+from fastload.storage._cache_dir import NO_SPACE, CacheDirectory, warn_once
 from fastload.storage._cache_fill import fill
 from fastload.storage._keys import ByteRange, ObjectMeta, check_range, validate_key
 from fastload.storage._wrapper import WrapperStore
@@ -55,6 +55,9 @@ __all__ = ["CachingStore", "parse_size"]  # parse_size re-exported from fastload
 #: A fill reuses the answer of a head of the same object forwarded this long ago at most.
 HEAD_REUSE_S = 10.0
 _MAX_HEADS = 4096  # remembered forwarded heads per process (forgotten all at once beyond)
+#: An object that found no room on the cache's filesystem is read uncached, without trying to
+#: cache it again, for this long (per process): a shard read sample by sample tries once.
+NO_ROOM_RETRY_S = 30.0
 
 
 @dataclasses.dataclass
@@ -76,6 +79,9 @@ class _ProcessState:
     #: This process's counter file in the cache directory (the node's counts), made on first use;
     #: False when it could not be made.
     shared: ProcessCounters | bool | None = None
+    #: Objects that found no room on the cache's filesystem: key -> (monotonic time, the error),
+    #: read uncached until :data:`NO_ROOM_RETRY_S` has passed.
+    no_room: dict[str, tuple[float, CacheFullError]] = dataclasses.field(default_factory=dict)
 
 
 class _CacheWriter(ObjectWriter):
@@ -106,6 +112,11 @@ class CachingStore(WrapperStore):
             store URL and key).
         max_bytes: Byte budget (int or ``"50GB"``); least recently used objects are evicted to
             stay within it. An object larger than the whole budget is read through, uncached.
+            The filesystem's free space is a budget too: when it runs out first, least
+            recently used objects are evicted to make room, and an object that cannot fit even
+            then is read uncached (one :class:`~fastload.storage.CacheSpaceWarning` per
+            process; counted in :meth:`stats`). Opening a cache whose budget exceeds the free
+            space warns once.
         prefetch_threads: Threads per process that fill the cache ahead of use
             (:meth:`prefetch`).
         revalidate: On the first access in each process, compare the remote etag and size with
@@ -135,6 +146,7 @@ class CachingStore(WrapperStore):
         # Threads, locks and counters do not survive a fork or a pickle: made again per process.
         self._proc: PerProcess[_ProcessState] = PerProcess(_ProcessState)
         self._disk.create()
+        self._disk.check_space()
 
     def __repr__(self) -> str:
         return (
@@ -171,13 +183,19 @@ class CachingStore(WrapperStore):
             validated.add(key)
         return ok
 
-    def _ensure(self, key: str, *, prefetch: bool = False) -> str | None:
-        """Path of the cached copy of ``key``, filling it if needed; None if it bypasses the cache.
+    def _ensure(self, key: str, *, prefetch: bool = False, copy: bool = False) -> str | None:
+        """Path of the cached copy of ``key``, filling it if needed; None if it bypasses the cache
+        (larger than the budget, or no room on the filesystem).
 
         A prefetch (``prefetch=True``) of an object that another thread or process is filling
         returns None at once instead of waiting: the prefetching thread moves on to the next
         object, so the prefetch threads of all the node's processes download different objects
         in parallel.
+
+        Raises:
+            CacheFullError: With ``prefetch=True`` or ``copy=True`` (a local copy is required),
+                when the filesystem has no room for the object; otherwise the first such object
+                of the process is warned about, each is counted, and None is returned.
         """
         validate_key(key, url=self.url)
         entry = self._entry(key)
@@ -187,6 +205,43 @@ class CachingStore(WrapperStore):
             if not prefetch:
                 self._count("hits")
             return path
+        state = self._proc.get()
+        if state.no_room:
+            with state.lock:
+                seen = state.no_room.get(key)
+            if seen is not None and time.monotonic() - seen[0] < NO_ROOM_RETRY_S:
+                if prefetch or copy:
+                    raise seen[1]
+                return None
+        try:
+            return self._fill(key, entry, path, prefetch)
+        except CacheFullError as exc:
+            full = exc
+        except OSError as exc:  # e.g. the lock file of the entry: no room on the cache's disk
+            if isinstance(exc, StoreError) or exc.errno not in NO_SPACE:
+                raise
+            full = self._disk.full_error(self.child_url(key), None, exc.errno)
+            full.__cause__ = exc
+        if prefetch:
+            raise full  # the read that needs the object decides
+        with state.lock:
+            if len(state.no_room) >= _MAX_HEADS:
+                state.no_room.clear()
+            state.no_room[key] = (time.monotonic(), full)
+        self._count("disk_full_uncached")
+        warn_once(
+            "uncached",
+            self._disk.path,
+            f"{full}. Reading it uncached; further objects that do not fit are read uncached "
+            "without a warning, counted in stats()['disk_full_uncached']",
+        )
+        if copy:
+            raise full
+        return None
+
+    def _fill(self, key: str, entry: str, path: str, prefetch: bool) -> str | None:
+        """:meth:`_ensure` for an object not found in the cache: wait for a fill in progress or
+        fill it."""
         with contextlib.ExitStack() as held:
             if not prefetch:
                 held.enter_context(self._disk.locked(entry))
@@ -272,8 +327,13 @@ class CachingStore(WrapperStore):
         Keys: ``hits`` and ``misses`` (reads served from a cached copy / that had to fill it;
         prefetches are not counted), ``downloads`` (objects copied into the cache, by reads and
         prefetches), ``evictions`` (objects removed to make room),
-        ``bytes_downloaded`` (copied into the cache), ``bytes_read_through`` (objects larger than
-        the budget, read uncached), ``prefetched`` (objects filled ahead of use) and ``requests``
+        ``bytes_downloaded`` (copied into the cache), ``bytes_read_through`` (bytes read
+        uncached: objects larger than the budget or with no room on the filesystem),
+        ``disk_full_evictions`` (the evictions made because the filesystem had no room, not the
+        budget; included in ``evictions``), ``disk_full_uncached`` (objects read uncached
+        because the filesystem had no room for them even after evicting; counted once per
+        object and :data:`NO_ROOM_RETRY_S` seconds), ``prefetched`` (objects filled ahead of
+        use) and ``requests``
         (calls this cache made to the wrapped store to fill or read through the objects it serves:
         heads (:meth:`head` of an uncached object included), whole and ranged gets,
         ``get_ranges`` and ``open_reader`` calls; retries made below it, :meth:`list` and
@@ -364,7 +424,15 @@ class CachingStore(WrapperStore):
         return self._store.open_reader(key, chunk_size=chunk_size)
 
     def local_path(self, key: str) -> str | None:
-        path = self._ensure(key)
+        """The path of the cached copy of ``key``, filled now if needed.
+
+        Raises:
+            ObjectNotFoundError: The object is larger than the budget (it has no local copy).
+            CacheFullError: The cache's filesystem has no room for the object, even after
+                evicting (the message names the directory, the budget and the free space; the
+                formats' readers then stream the object instead).
+        """
+        path = self._ensure(key, copy=True)
         if path is None:
             raise ObjectNotFoundError(
                 f"{self.child_url(key)} is larger than the cache budget ({self._disk.max_bytes} "

@@ -5,8 +5,12 @@ counter file in the cache directory and keeps it memory-mapped (``MAP_SHARED``):
 store into the page cache (no system call, no lock shared with other processes), and the counts
 survive the process, SIGKILL included, because the kernel owns the pages. Reading sums the files::
 
-    counters/<pid>.<random>.v1.cnt   one process's counters: COUNTER_NAMES as int64, little-endian
+    counters/<pid>.<random>.v2.cnt   one process's counters: 16 int64 slots, little-endian, the
+                                     first len(COUNTER_NAMES) in that order, the rest zero
     counters/merged.json             the totals of processes that are gone, and the files last merged
+
+Files of the previous version (``.v1.cnt``: the first eight counters, as 8 slots), left by an older
+fastload on the same directory, are read and merged too.
 
 Merging takes an exclusive ``flock`` on the ``counters`` directory itself (no lock file).
 
@@ -24,6 +28,7 @@ once its children are gone too (its counts are read all the same).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -33,7 +38,10 @@ import secrets
 import struct
 from collections.abc import Iterator
 
-__all__ = ["COUNTER_NAMES", "NodeCounters", "ProcessCounters"]
+__all__ = ["COUNTER_NAMES", "NO_SPACE", "NodeCounters", "ProcessCounters"]
+
+#: The errnos of a write that found no room: the filesystem is full, or the user's quota is.
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 #: The counters, in the order of their int64 slots in a counter file.
 COUNTER_NAMES = (
@@ -45,11 +53,15 @@ COUNTER_NAMES = (
     "bytes_read_through",
     "prefetched",
     "requests",
+    "disk_full_evictions",
+    "disk_full_uncached",
 )
-_SLOTS = 8  # a new counter past the eighth needs a new file version (.v2.cnt)
+_SLOTS = 16  # a new counter past the sixteenth needs a new file version (.v3.cnt)
 _FILE_BYTES = 8 * _SLOTS
-_SUFFIX = ".v1.cnt"
-_FORMAT = f"<{len(COUNTER_NAMES)}q"
+_SUFFIX = ".v2.cnt"
+#: Counter files this version reads: suffix -> the counters their slots hold (a prefix of
+#: COUNTER_NAMES; the .v1 files of older versions hold the first eight).
+_VERSIONS = {_SUFFIX: COUNTER_NAMES, ".v1.cnt": COUNTER_NAMES[:8]}
 
 logger = logging.getLogger("fastload.storage")
 
@@ -64,7 +76,10 @@ class ProcessCounters:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)  # held for life: "this process is alive"
-            os.ftruncate(fd, _FILE_BYTES)
+            # Written, not truncated to size: the page is then allocated now, so a full disk is
+            # an OSError here rather than a SIGBUS at the first count through the map.
+            if os.pwrite(fd, bytes(_FILE_BYTES), 0) != _FILE_BYTES:
+                raise OSError(errno.ENOSPC, "short write", path)
             self._map = mmap.mmap(
                 fd, _FILE_BYTES, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE
             )
@@ -82,13 +97,16 @@ class ProcessCounters:
 
 def _read(path: str) -> dict[str, int] | None:
     """The counts in a counter file (a short file reads as zeros); None if it is gone."""
+    names = next((n for suffix, n in _VERSIONS.items() if path.endswith(suffix)), COUNTER_NAMES)
+    size = 8 * len(names)
     try:
         with open(path, "rb") as f:
-            data = f.read(_FILE_BYTES)
+            data = f.read(size)
     except FileNotFoundError:
         return None
-    data = data[: struct.calcsize(_FORMAT)].ljust(struct.calcsize(_FORMAT), b"\0")
-    return dict(zip(COUNTER_NAMES, struct.unpack(_FORMAT, data)))
+    counts = dict.fromkeys(COUNTER_NAMES, 0)
+    counts.update(zip(names, struct.unpack(f"<{len(names)}q", data.ljust(size, b"\0"))))
+    return counts
 
 
 class NodeCounters:
@@ -129,7 +147,7 @@ class NodeCounters:
     def _files(self) -> Iterator[str]:
         with contextlib.suppress(FileNotFoundError):
             for name in os.listdir(self.dir):
-                if name.endswith(_SUFFIX):
+                if name.endswith(tuple(_VERSIONS)):
                     yield name
 
     def _merged_path(self) -> str:
@@ -200,11 +218,19 @@ class NodeCounters:
                 for k, v in counts.items():
                     totals[k] += v
             tmp = self._merged_path() + f".{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump({"totals": totals, "absorbed": [n for n, _ in dead]}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self._merged_path())
+            try:
+                with open(tmp, "w", encoding="utf-8") as f:
+                    json.dump({"totals": totals, "absorbed": [n for n, _ in dead]}, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, self._merged_path())
+            except OSError as exc:
+                if exc.errno not in NO_SPACE:
+                    raise
+                # A full disk: the files stay unmerged (and are read as they are) until later.
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                return 0
             for name, _ in dead:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(self.dir, name))

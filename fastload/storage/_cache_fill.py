@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from fastload.errors import StoreError
 from fastload.storage._base import Store
-from fastload.storage._cache_dir import CacheDirectory
+from fastload.storage._cache_dir import NO_SPACE, CacheDirectory
 from fastload.storage._keys import ObjectMeta
 from fastload.storage._streams import reader_version
 
@@ -52,7 +52,12 @@ def fill(
     afterwards must report the same size, etag and mtime. An object that changed meanwhile is
     copied again (three copies at most).
 
+    A write that finds no room on the cache's filesystem (``ENOSPC``, ``EDQUOT``) removes the
+    copy, evicts objects holding at least the object's size and copies again, once.
+
     Raises:
+        CacheFullError: No room on the cache's filesystem for the object, even after evicting
+            (it names the directory, the budget and the free space).
         StoreError: The object changed during each of the three copies (it names the object).
             The store's errors pass through; nothing of the copy is left behind.
     """
@@ -60,11 +65,17 @@ def fill(
     path = disk.object_path(entry)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     buf = memoryview(bytearray(FILL_BUFFER))
-    for attempt in range(3):
-        tmp, evicted = disk.reserve(entry, meta.size)
-        count("evictions", evicted)
+    copies = 0  # copies made (the object may change during one)
+    reclaim = 0  # bytes to evict beyond what the free space asks for (after a write found none)
+    while True:
+        room = disk.reserve(entry, meta.size, url=where, reclaim=reclaim)
+        count("evictions", room.evicted + room.disk_evicted)
+        count("disk_full_evictions", room.disk_evicted)
+        tmp = room.path
+        described = False
         try:
             got, version = _download(store, key, tmp, buf, count)
+            copies += 1
             if version is not None and meta.etag is not None:
                 same = got == meta.size and version == meta.etag
             else:
@@ -78,7 +89,7 @@ def fill(
                 meta = after
             if not same:
                 os.unlink(tmp)
-                if attempt < 2:
+                if copies < 3:
                     if version is not None:
                         meta = store.head(key)
                         count("requests", 1)
@@ -88,15 +99,34 @@ def fill(
                     "downloads; datasets being read must not be rewritten",
                     url=where,
                 )
+            described = True
             disk.describe(entry, ObjectMeta(key, got, meta.mtime, meta.etag), url)
             os.replace(tmp, path)
+        except OSError as exc:
+            _discard(tmp, disk.meta_path(entry) if described else None, path)
+            # The store's own errors are StoreErrors; an OSError of no room is the cache's disk.
+            if isinstance(exc, StoreError) or exc.errno not in NO_SPACE:
+                raise
+            if reclaim:  # evicted for it already, and still no room
+                raise disk.full_error(where, meta.size, exc.errno) from exc
+            reclaim = meta.size  # the free space said there was room: make some anyway, retry
+            continue
         except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+            _discard(tmp, disk.meta_path(entry) if described else None, path)
             raise
         count("downloads", 1)
         count("bytes_downloaded", got)
         return
+
+
+def _discard(tmp: str, description: str | None, path: str) -> None:
+    """Remove what a failed fill left: its temporary file, and the description it wrote unless
+    an object (an older copy) is in place."""
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)
+    if description is not None and not os.path.exists(path):
+        with contextlib.suppress(OSError):
+            os.unlink(description)
 
 
 def _download(

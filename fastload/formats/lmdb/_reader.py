@@ -18,6 +18,7 @@ import lmdb
 from fastload._lazy import current_pid
 from fastload.errors import CorruptDataError, FormatError
 from fastload.formats._base import ReaderOptions, ShardReader
+from fastload.formats._mmap import local_file
 from fastload.formats.lmdb._envs import SharedEnv, acquire, open_env, release
 from fastload.formats.lmdb._layout import (
     META_KEY,
@@ -145,7 +146,7 @@ class LMDBReader(ShardReader):
     def _local_file(self) -> str:
         if self._path is not None and os.path.exists(self._path):
             return self._path
-        path = self.store.local_path(self.key) if self.store.has_local_paths else None
+        path = local_file(self.store, self.key)  # None: also when a cache cannot hold it
         if path is None:
             path = self._fetch()
         self._path = path
