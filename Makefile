@@ -71,5 +71,13 @@ ceph-up:
 ceph-down:
 	tools/ceph-down.sh
 
+.PHONY: hdfs-up hdfs-down
+## hdfs-up / hdfs-down: a local HDFS (Hadoop's MiniDFSCluster; needs Java and Maven), see tools/hdfs-up.sh
+hdfs-up:
+	tools/hdfs-up.sh
+
+hdfs-down:
+	tools/hdfs-down.sh
+
 clean:
 	rm -rf $(VENV) $(DEMO_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis demo-output

@@ -160,7 +160,7 @@ class HDFSStore(Store):
 
     def _connect(self) -> Any:
         """A new ``hdfs_native.Client`` for the cluster (the one place the library is called to
-        make a client; :mod:`fastload.testing._store_hdfs` substitutes a stand-in here)."""
+        make a client)."""
         hdfs_native = require("hdfs_native", extra="hdfs", feature="the hdfs:// store")
         kwargs = {k: v for k, v in self._kerberos.items() if v is not None}
         return hdfs_native.Client(self._cluster, config=self._config, **kwargs)

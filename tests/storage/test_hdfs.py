@@ -1,12 +1,14 @@
-"""HDFS backend.
+"""HDFS backend, against a real HDFS: Hadoop's own MiniDFSCluster (1 NameNode, 2 DataNodes,
+1 MiB blocks, replication 2) that ``tools/hdfs-up.sh`` starts on 127.0.0.1, or reuses, through the
+``hdfs_cluster`` fixture (fails under ``CI=true`` when it cannot start). The whole conformance
+suite runs against :class:`HDFSStore` and the ``hdfs-native`` client on it, plus what a cluster
+adds: objects spanning blocks, the writer's temporary file, a read-only user, reads while a
+DataNode is down and a NameNode that is away. Also, without a cluster: URL parsing,
+configuration, pickling and the errors users get when the client library or the cluster is
+missing.
 
-No HDFS cluster can run on the CI machines (no Hadoop distribution in Debian, no JVM-free NameNode),
-so CI tests what can be tested without one: URL parsing, configuration, pickling, the errors users
-get when the client library or the cluster is missing, and the whole conformance suite against the
-adapter talking to a stand-in client (:mod:`fastload.testing._store_hdfs`, files in a local
-directory; it checks the adapter's logic, not the HDFS protocol). The conformance suite runs
-against a real cluster too when ``FASTLOAD_TEST_HDFS_URL`` names a writable scratch directory, e.g.
-``FASTLOAD_TEST_HDFS_URL=hdfs://namenode:8020/tmp/fastload-tests make test``.
+``FASTLOAD_TEST_HDFS_URL=hdfs://namenode:8020/scratch/dir`` runs the conformance suite against
+another cluster too (a writable scratch directory on it).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import socket
 import sys
 import time
 import uuid
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 
@@ -30,8 +32,10 @@ from fastload.errors import (
 )
 from fastload.storage import Store
 from fastload.storage._hdfs import HDFSStore
-from fastload.testing._store_hdfs import StandInHDFSStore
+from fastload.testing.hdfs import HDFSCluster, hdfs_cluster, scratch_url
 from fastload.testing.store import StoreTests
+
+__all__ = ["hdfs_cluster"]  # the fixture, imported for pytest
 
 HDFS_URL = os.environ.get("FASTLOAD_TEST_HDFS_URL", "")
 
@@ -107,29 +111,32 @@ def test_missing_client_library_names_the_extra(monkeypatch: pytest.MonkeyPatch)
         HDFSStore("hdfs://nn:8020/x").get("k")
 
 
-class TestHDFSStandInConformance(StoreTests):
-    """The HDFS adapter over the stand-in client (a stand-in, not a cluster: see the module
-    docstring of :mod:`fastload.testing._store_hdfs` for what it does and does not check)."""
-
-    large_size = 1024 * 1024 + 7
+class TestHDFSConformance(StoreTests):
+    """The whole suite against the local MiniDFSCluster (objects of 3 MiB span four blocks)."""
 
     @pytest.fixture
-    def store(self, tmp_path: Path) -> Store:
-        return StandInHDFSStore("hdfs://stand-in:8020/data/sets", tmp_path / "cluster")
+    def store(self, hdfs_cluster: HDFSCluster) -> Iterator[Store]:
+        store = HDFSStore(scratch_url(hdfs_cluster, "conformance"))
+        yield store
+        store.delete_many(store.list_keys())
 
     def read_only_view(self, store: Store) -> Store:
-        assert isinstance(store, StandInHDFSStore)
-        return StandInHDFSStore(store.url, store._disk_root, read_only=True)
+        return HDFSStore(store.url, read_only=True)
 
 
-if HDFS_URL:  # a real cluster: the same suite, against the real client
+if HDFS_URL:  # another cluster: the same suite
 
-    class TestHDFSConformance(StoreTests):
-        """The real cluster named by ``FASTLOAD_TEST_HDFS_URL``."""
+    class TestOtherHDFSConformance(StoreTests):
+        """The cluster named by ``FASTLOAD_TEST_HDFS_URL``."""
 
         large_size = 1024 * 1024 + 7
         many_keys = 60
 
         @pytest.fixture
-        def store(self) -> Store:
-            return HDFSStore(f"{HDFS_URL.rstrip('/')}/{uuid.uuid4().hex}")
+        def store(self) -> Iterator[Store]:
+            store = HDFSStore(f"{HDFS_URL.rstrip('/')}/{uuid.uuid4().hex}")
+            yield store
+            store.delete_many(store.list_keys())
+
+        def read_only_view(self, store: Store) -> Store:
+            return HDFSStore(store.url, read_only=True)

@@ -1,0 +1,283 @@
+"""Start or reuse a real local HDFS (``tools/hdfs-up.sh``: Hadoop's MiniDFSCluster) from tests and
+benchmarks, and inject its faults.
+
+:func:`acquire` returns the :class:`HDFSCluster` running from ``$HDFS_RUN`` (default
+``/tmp/fastload-hdfs``): it reuses a cluster that already answers, starts one otherwise, and
+:func:`release` stops it only if a fastload test session started it and no other live process
+still uses it (users are counted with files under ``$HDFS_RUN/users``, guarded by a lock file),
+so parallel test runs on one machine share one cluster, as with :mod:`fastload.testing.ceph`. A
+cluster started by hand with ``tools/hdfs-up.sh`` is never stopped here.
+
+:func:`private_cluster` starts a cluster of its own in a new run directory, for tests that stop
+DataNodes or restart the NameNode (the shared cluster's other users must not see those faults).
+
+Needs Java (17) and Maven; the first start downloads Hadoop's jars into ``~/.m2`` (see
+``tools/hdfs-up.sh``). The pytest fixtures :func:`hdfs_cluster` and :func:`hdfs_url` are for test
+modules to import; under ``CI=true`` a cluster that cannot start fails the test instead of
+skipping it (:func:`fastload.testing.need`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fastload.errors import FastloadError
+from fastload.testing import need
+
+# The run directory's lock and live-user files work as for the Ceph cluster.
+from fastload.testing.ceph import _locked
+from fastload.testing.ceph import _users as _live_users
+
+__all__ = [
+    "INSTALL_HINT",
+    "HDFSCluster",
+    "HDFSStartError",
+    "acquire",
+    "hdfs_cluster",
+    "hdfs_missing",
+    "hdfs_url",
+    "private_cluster",
+    "release",
+    "run_dir",
+    "scratch_url",
+    "tools_dir",
+]
+
+#: What to run when the cluster cannot be started.
+INSTALL_HINT = (
+    "apt-get install -y --no-install-recommends openjdk-17-jdk-headless maven "
+    "(Maven Central must be reachable for the first start), then tools/hdfs-up.sh"
+)
+_PROGRAMS = ("java", "javac", "mvn")
+
+
+class HDFSStartError(FastloadError, RuntimeError):
+    """The local HDFS could not be started or controlled; the message has the script's output."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HDFSCluster:
+    """A running local HDFS.
+
+    Attributes:
+        url: ``hdfs://127.0.0.1:PORT`` of the NameNode.
+        run_dir: The cluster's ``$HDFS_RUN`` directory (data, logs, pid, control port).
+        datanodes: Number of DataNodes.
+        started: True if this process started the cluster.
+    """
+
+    url: str
+    run_dir: str
+    datanodes: int
+    started: bool = False
+
+    def control(self, command: str, timeout: float = 180.0) -> str:
+        """Send one control command to the launcher and return its reply after ``ok``.
+
+        Commands: ``status``, ``stop-datanode I``, ``start-datanode I``, ``stop-namenode``,
+        ``start-namenode``, ``restart-namenode [SECONDS]`` (see ``tools/hdfs/MiniHDFS.java``).
+        Each returns once done (a started NameNode is out of safe mode).
+
+        Raises:
+            HDFSStartError: The launcher does not answer or answered with an error.
+        """
+        port = int((Path(self.run_dir) / "control.port").read_text())
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+                sock.sendall(command.encode() + b"\n")
+                reply = sock.makefile("r", encoding="utf-8").readline().strip()
+        except OSError as exc:
+            raise HDFSStartError(
+                f"the HDFS launcher of {self.run_dir} does not answer on its control port "
+                f"{port}: {exc}; see {self.run_dir}/log/minihdfs.log"
+            ) from exc
+        if not reply.startswith("ok"):
+            raise HDFSStartError(f"{command!r} failed: {reply or 'no reply'}")
+        return reply[2:].strip()
+
+    def stop_datanode(self, index: int) -> None:
+        """Stop DataNode ``index`` (0-based); its blocks stay listed at the NameNode, so clients
+        must fail over to the other replicas."""
+        self.control(f"stop-datanode {index}")
+
+    def start_datanode(self, index: int) -> None:
+        """Start a stopped DataNode again on its old ports."""
+        self.control(f"start-datanode {index}")
+
+    def restart_namenode(self, down_seconds: float = 0.0) -> None:
+        """Stop the NameNode, keep it down ``down_seconds``, start it again (same port) and wait
+        until it is out of safe mode."""
+        self.control(f"restart-namenode {down_seconds}")
+
+    def status(self) -> str:
+        """The launcher's one-line status (``namenode=up datanodes=0:up,1:down ...``)."""
+        return self.control("status", timeout=10.0)
+
+
+def run_dir() -> Path:
+    """The shared cluster's directory: ``$HDFS_RUN`` or ``/tmp/fastload-hdfs``."""
+    return Path(os.environ.get("HDFS_RUN", "/tmp/fastload-hdfs"))
+
+
+def tools_dir() -> Path:
+    """Where ``hdfs-up.sh``/``hdfs-down.sh`` live: ``$FASTLOAD_TOOLS`` or the checkout's ``tools/``."""
+    env = os.environ.get("FASTLOAD_TOOLS")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "tools"
+
+
+def hdfs_missing() -> list[str]:
+    """The programs the scripts need that are not on ``PATH`` (empty when all are there)."""
+    return [p for p in _PROGRAMS if shutil.which(p) is None]
+
+
+def _cluster(run: Path, started: bool) -> HDFSCluster:
+    url = (run / "url").read_text().strip()
+    datanodes = len((run / "datanodes").read_text().splitlines())
+    return HDFSCluster(url=url, run_dir=str(run), datanodes=datanodes, started=started)
+
+
+def _running(run: Path) -> HDFSCluster | None:
+    if not (run / "url").is_file():
+        return None
+    try:
+        cluster = _cluster(run, started=False)
+        cluster.status()
+    except (OSError, ValueError, HDFSStartError):
+        return None
+    return cluster
+
+
+def _run_script(name: str, run: Path, timeout: float, env: dict[str, str] | None = None) -> str:
+    path = tools_dir() / name
+    if not path.is_file():
+        raise HDFSStartError(
+            f"{path} not found; run from a fastload checkout or set FASTLOAD_TOOLS to its tools/"
+        )
+    full_env = {**os.environ, **(env or {}), "HDFS_RUN": str(run)}
+    try:
+        proc = subprocess.run(
+            ["bash", str(path)],
+            env=full_env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise HDFSStartError(f"{name} did not finish within {timeout} s (logs: {run}/log)") from exc
+    if proc.returncode != 0:
+        raise HDFSStartError(
+            f"{name} failed with exit code {proc.returncode}:\n{proc.stderr.strip()}\n"
+            f"(logs: {run}/log; to fix: {INSTALL_HINT})"
+        )
+    return proc.stdout
+
+
+def _start(run: Path, timeout: float, env: dict[str, str] | None = None) -> HDFSCluster:
+    missing = hdfs_missing()
+    if missing:
+        raise HDFSStartError(f"{', '.join(missing)} not found on PATH; {INSTALL_HINT}")
+    _run_script("hdfs-up.sh", run, timeout, env)
+    return _cluster(run, started=True)
+
+
+# Fixtures of several test modules share one acquisition per process.
+_mutex = threading.Lock()
+_held: dict[str, tuple[HDFSCluster, int]] = {}
+
+
+def acquire(start_timeout: float = 300.0) -> HDFSCluster:
+    """Reuse the running shared cluster or start one, and count this process as a user.
+
+    Raises:
+        HDFSStartError: Java or Maven is missing or ``hdfs-up.sh`` failed (message has its output).
+    """
+    run = run_dir()
+    with _mutex:
+        if str(run) in _held:
+            cluster, count = _held[str(run)]
+            _held[str(run)] = (cluster, count + 1)
+            return cluster
+        run.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(run):
+            found = _running(run)
+            if found is None:
+                found = _start(run, start_timeout)
+                (run / "fixture-started").touch()
+            (run / "users").mkdir(exist_ok=True)
+            (run / "users" / str(os.getpid())).touch()
+        _held[str(run)] = (found, 1)
+        return found
+
+
+def release(cluster: HDFSCluster, stop_timeout: float = 120.0) -> None:
+    """Stop counting this use; stop the cluster if a test session started it and it is unused."""
+    run = Path(cluster.run_dir)
+    with _mutex:
+        _, count = _held.pop(str(run), (cluster, 1))
+        if count > 1:
+            _held[str(run)] = (cluster, count - 1)
+            return
+        if not run.is_dir():
+            return
+        with _locked(run):
+            (run / "users" / str(os.getpid())).unlink(missing_ok=True)
+            if (run / "fixture-started").exists() and not _live_users(run):
+                _run_script("hdfs-down.sh", run, stop_timeout)
+
+
+@contextlib.contextmanager
+def private_cluster(datanodes: int = 2, start_timeout: float = 300.0) -> Iterator[HDFSCluster]:
+    """A cluster of this caller's own, in a new run directory, stopped and removed on exit.
+
+    For fault tests (stopped DataNodes, a restarted NameNode) that other users of the shared
+    cluster must not see. Starting one takes ~6 s once the jars are in ``~/.m2``.
+
+    Raises:
+        HDFSStartError: The cluster could not be started.
+    """
+    run = Path(tempfile.gettempdir()) / f"fastload-hdfs-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        cluster = _start(run, start_timeout, {"HDFS_DATANODES": str(datanodes)})
+        yield cluster
+    finally:
+        if run.exists():
+            _run_script("hdfs-down.sh", run, 120.0)
+
+
+def scratch_url(cluster: HDFSCluster, name: str = "") -> str:
+    """A fresh directory URL on ``cluster`` (``/fastload-tests/<name>-<random>``) for one test."""
+    return f"{cluster.url}/fastload-tests/{name or 'scratch'}-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def hdfs_cluster() -> Iterator[HDFSCluster]:
+    """The shared local HDFS (started or reused); skips without Java/Maven, fails under CI=true."""
+    try:
+        cluster = acquire()
+    except HDFSStartError as exc:
+        need("HDFS (MiniDFSCluster)", False, str(exc))  # the message says how to fix it
+        raise  # unreachable: need() skips or fails
+    try:
+        yield cluster
+    finally:
+        release(cluster)
+
+
+@pytest.fixture(scope="session")
+def hdfs_url(hdfs_cluster: HDFSCluster) -> str:
+    """``hdfs://127.0.0.1:PORT`` of the shared local HDFS."""
+    return hdfs_cluster.url
