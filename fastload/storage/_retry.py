@@ -8,7 +8,11 @@ Which errors are retried:
   :class:`~fastload.errors.InvalidRangeError` or permission errors, is raised at once.
 * A built-in :class:`ConnectionError` or :class:`TimeoutError` that is not a ``StoreError`` is
   retried too (:attr:`RetryConfig.retry_builtin_errors`): backends should translate their
-  client library's errors, but a socket error that slips through is transient by nature.
+  client library's errors, but a socket error that slips through is transient by nature. So are
+  the transport errors of the HTTP client libraries when they slip through untranslated, matched
+  by class name so that this module imports none of them (:data:`TRANSPORT_ERRORS`: a
+  response cut inside its status line, headers or body, a stream that ended early, a read
+  timeout, a connection closed mid-request).
   :class:`~fastload.errors.StoreUnavailableError` is a ``ConnectionError`` but is *not* retried:
   it means an inner :class:`RetryStore` already gave up.
 
@@ -31,6 +35,17 @@ spreads the retries of many workers that failed together. Each retry is logged a
 command prints these on stderr). When the retries or the time budget run out it raises
 :class:`~fastload.errors.StoreUnavailableError` naming the URL, the number of attempts and how long
 it tried, chained to the last error.
+
+A stream resumed after a break checks that it still reads the object it began with, from what
+the answers say, never from what they leave out: a reopened reader naming the version the read
+began with continues; one naming another version is confirmed by a fresh ``head`` (the object
+changed: :class:`~fastload.errors.StoreError`; the ``head`` names the first version: the answer
+was not to be trusted, ask again); one naming no version, where the first one did, is compared
+by the ``head``'s ETag and size (the same: continue; another ETag: changed; no ETag: ask again).
+Missing information is never taken for a change.
+
+:meth:`RetryStore.stats` counts, per process, the retries made, the streams resumed and the
+operations given up.
 """
 
 from __future__ import annotations
@@ -41,23 +56,26 @@ import io
 import logging
 import random
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
+from fastload._lazy import PerProcess
 from fastload.errors import (
     InvalidArgumentError,
     ObjectNotFoundError,
     StoreError,
     StoreUnavailableError,
+    TransientStoreError,
 )
 from fastload.storage._base import DEFAULT_COALESCE_BYTES, DEFAULT_READ_CHUNK, ObjectWriter, Store
 from fastload.storage._keys import ByteRange, ObjectMeta
 from fastload.storage._streams import SeekableReader, reader_version
 from fastload.storage._wrapper import WrapperStore
 
-__all__ = ["RetryConfig", "RetryStore", "is_retryable", "unreachable_reason"]
+__all__ = ["TRANSPORT_ERRORS", "RetryConfig", "RetryStore", "is_retryable", "unreachable_reason"]
 
 logger = logging.getLogger("fastload.storage")
 
@@ -117,11 +135,43 @@ class RetryConfig:
         return float(min(self.max_backoff, self.initial_backoff * growth))
 
 
+#: Class names of the transport errors of ``http.client``, urllib3, requests and botocore that
+#: are retried like a :class:`ConnectionError` when a backend lets one through untranslated:
+#: a connection cut inside a response's status line, headers or body, a body shorter than its
+#: announced length, a read that timed out, a connection closed mid-request.
+TRANSPORT_ERRORS = frozenset(
+    {
+        # http.client
+        "IncompleteRead",
+        "BadStatusLine",
+        "RemoteDisconnected",
+        "LineTooLong",
+        # urllib3
+        "ProtocolError",
+        "InvalidChunkLength",
+        "ResponseNotChunked",
+        # requests
+        "ChunkedEncodingError",
+        "ReadTimeout",
+        # botocore
+        "ResponseStreamingError",
+        "IncompleteReadError",
+        "ConnectionClosedError",
+        "ReadTimeoutError",
+        "HTTPClientError",
+    }
+)
+
+
 def is_retryable(exc: BaseException, *, builtin_errors: bool = True) -> bool:
     """Whether :class:`RetryStore` retries ``exc`` (see the module documentation)."""
     if isinstance(exc, StoreError):
         return exc.retryable
-    return builtin_errors and isinstance(exc, (ConnectionError, TimeoutError))
+    if not builtin_errors:
+        return False
+    return isinstance(exc, (ConnectionError, TimeoutError)) or any(
+        cls.__name__ in TRANSPORT_ERRORS for cls in type(exc).__mro__
+    )
 
 
 #: OS error numbers of a connection that could not be made at all.
@@ -162,6 +212,22 @@ def _reason(exc: BaseException, limit: int = 300) -> str:
     failed, then after ``"; "`` what to do, which the final error repeats."""
     text = " ".join(str(exc).split()).split("; ", 1)[0] or type(exc).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+#: The counters of :meth:`RetryStore.stats`.
+COUNTER_NAMES = ("retries", "resumed_reads", "gave_up")
+
+
+class _Counts:
+    """One process's counts of a :class:`RetryStore` (made per process, never pickled)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.values = dict.fromkeys(COUNTER_NAMES, 0)
+
+    def add(self, name: str) -> None:
+        with self.lock:
+            self.values[name] += 1
 
 
 def _jitter() -> float:
@@ -221,6 +287,7 @@ class RetryStore(WrapperStore):
         self._config = config if config is not None else RetryConfig()
         self._sleep, self._clock, self._jitter = sleep, clock, jitter
         self._answered = False
+        self._counts: PerProcess[_Counts] = PerProcess(_Counts)
 
     @property
     def config(self) -> RetryConfig:
@@ -232,6 +299,16 @@ class RetryStore(WrapperStore):
         """Whether a request of this store has been answered (then every transient error gets
         the full retry budget; before, unreachable servers fail fast)."""
         return self._answered
+
+    def stats(self) -> dict[str, int]:
+        """This process's counts since the wrapper was made or unpickled here: ``retries``
+        (attempts made after a transient failure, streams' included), ``resumed_reads``
+        (broken streams reopened where they stopped) and ``gave_up`` (operations that ended in
+        :class:`~fastload.errors.StoreUnavailableError`). A pickled copy, such as a DataLoader
+        worker's, counts for itself from zero."""
+        counts = self._counts.get()
+        with counts.lock:
+            return dict(counts.values)
 
     # ---- the retry loop -----------------------------------------------------------------------
 
@@ -264,8 +341,10 @@ class RetryStore(WrapperStore):
         where = self.child_url(key) if key else self.url
         if retry < limit and elapsed + delay <= config.retry_timeout:
             logger.info("retrying (%d/%d) in %.2g s: %s", retry + 1, limit, delay, _reason(exc))
+            self._counts.get().add("retries")
             self._sleep(delay)
             return
+        self._counts.get().add("gave_up")
         last = f"last error: {type(exc).__name__}: {exc}"
         if reason is not None:
             what = (
@@ -403,28 +482,61 @@ class _ResumingReader(SeekableReader):
         self._retry, self._key, self._chunk = retry, key, chunk_size
         self._inner: io.BufferedIOBase | None = None
         self._version: str | None = None  # the object version the first open read
+        self._size_at_open: int | None = None
+        self._broken = False  # the stream broke; the next open resumes it
         self._inner = self._open()
         self._version = reader_version(self._inner)
+        if self._version is not None:
+            self._size_at_open = _reader_size(self._inner)
 
     def _open(self) -> io.BufferedIOBase:
         def attempt() -> io.BufferedIOBase:
             reader = self._retry.inner.open_reader(self._key, chunk_size=self._chunk)
             if self._inner is None and self._version is not None:  # a reopen: same version?
-                now = reader_version(reader)
-                if now != self._version:
+                try:
+                    self._check_same(reader_version(reader))
+                except BaseException:
                     reader.close()
-                    url = self._retry.child_url(self._key)
-                    raise StoreError(
-                        f"{url} changed while it was being read (version {self._version!r} when "
-                        f"the read began, {now!r} when it resumed at byte {self._pos}); read it "
-                        "again",
-                        url=url,
-                    )
+                    raise
             if self._pos:
                 reader.seek(self._pos)
             return reader
 
-        return self._retry._call("open_reader", self._key, attempt)
+        reader = self._retry._call("open_reader", self._key, attempt)
+        if self._broken:
+            self._broken = False
+            self._retry._counts.get().add("resumed_reads")
+        return reader
+
+    def _check_same(self, now: str | None) -> None:
+        """Raise unless the object a reopened reader names (``now``) is the one the read began
+        with, judged only from what the answers say (see the module documentation):
+        :class:`StoreError` for a change, :class:`TransientStoreError` (asked again under the
+        retry budget) when the answers cannot tell."""
+        if now == self._version:
+            return
+        url = self._retry.child_url(self._key)
+        meta = self._retry.inner.head(self._key)  # errors: retried by the caller's loop
+        if meta.etag is None:
+            raise TransientStoreError(
+                f"cannot tell whether {url} changed while it was being read: the resumed read "
+                f"named version {now!r} (the read began with {self._version!r}) and a HEAD "
+                "named none; asking again",
+                url=url,
+            )
+        if meta.etag != self._version:
+            raise StoreError(
+                f"{url} changed while it was being read (version {self._version!r} when the "
+                f"read began, {meta.etag!r} when it resumed at byte {self._pos}); read it again",
+                url=url,
+            )
+        if now is None and (self._size_at_open is None or meta.size == self._size_at_open):
+            return  # the answer left its version out; the object is the one the read began with
+        raise TransientStoreError(
+            f"the resumed read of {url} named version {now!r}, but a HEAD names "
+            f"{self._version!r}, the version the read began with; asking again",
+            url=url,
+        )
 
     @property
     def version(self) -> str | None:
@@ -457,9 +569,20 @@ class _ResumingReader(SeekableReader):
                     self._retry._note(exc)
                     raise
                 self._drop()
+                self._broken = True
                 self._retry._wait_or_give_up("read", self._key, exc, retry, began)
                 retry += 1
 
     def close(self) -> None:
         self._drop()
         super().close()
+
+
+def _reader_size(reader: io.IOBase) -> int | None:
+    """The object size a reader knows without asking (``size`` or the raw stream's
+    ``_size()`` where that is answered from the first response), or None."""
+    for layer in (reader, getattr(reader, "raw", None)):
+        size = getattr(layer, "object_size", None)
+        if isinstance(size, int):
+            return size
+    return None

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from fastload._plugins import require
 from fastload.errors import InvalidArgumentError
+from fastload.storage._s3_responses import register as register_response_check
 
 __all__ = [
     "CONFIG_FIELDS",
@@ -242,7 +243,7 @@ def make_client(config: S3Config, url: str) -> Any:
     )
     try:
         _share_data_loader(session)
-        return session.create_client(
+        client = session.create_client(
             "s3",
             region_name=cfg.region,
             endpoint_url=cfg.endpoint_url,
@@ -266,3 +267,6 @@ def make_client(config: S3Config, url: str) -> Any:
             + (", ".join(env) if env else "endpoint_url in ~/.aws/config")
             + "; an endpoint looks like http://127.0.0.1:7480"
         ) from exc
+    # A response whose connection was cut inside its headers is an error, not a short answer.
+    register_response_check(client)
+    return client

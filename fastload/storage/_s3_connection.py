@@ -12,7 +12,12 @@ from typing import Any, TypeVar
 from fastload._lazy import PerProcess
 from fastload.errors import ObjectNotFoundError, StoreError
 from fastload.storage._s3_config import S3Config, env_endpoint, make_client
-from fastload.storage._s3_errors import ErrorContext, endpoint_name, translate
+from fastload.storage._s3_errors import (
+    ErrorContext,
+    endpoint_name,
+    is_transport_error,
+    translate,
+)
 
 __all__ = ["S3Connection", "ack_now", "response_socket"]
 
@@ -115,11 +120,11 @@ class S3Connection:
     def call(self, action: str, url: str, fn: Callable[[], T]) -> T:
         """``fn()``, with botocore's and the socket's errors translated (``action`` and ``url``
         name what failed)."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
         try:
             return fn()
-        except (ClientError, BotoCoreError, OSError) as exc:
+        except Exception as exc:
+            if not is_transport_error(exc):
+                raise
             raise self.translate(exc, url, action) from exc
 
     def translate(self, exc: BaseException, url: str, action: str) -> StoreError:

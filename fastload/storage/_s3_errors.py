@@ -12,6 +12,8 @@ never carry credentials: endpoints are shown without any ``user:password`` part.
 from __future__ import annotations
 
 import dataclasses
+import http.client
+import os
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -26,7 +28,7 @@ from fastload.errors import (
 from fastload.storage._retry import unreachable_reason
 from fastload.storage._s3_config import redact
 
-__all__ = ["ErrorContext", "endpoint_name", "etag_of", "translate"]
+__all__ = ["ErrorContext", "endpoint_name", "etag_of", "is_transport_error", "translate"]
 
 _AUTH_CODES = frozenset(
     {
@@ -106,6 +108,37 @@ def _root_cause(exc: BaseException) -> BaseException:
         exc = nxt
 
 
+def _parse_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` (a ValueError, KeyError, ...) was raised while botocore parsed a response:
+    the response was malformed, which for an S3 server means it was cut short on the way (the
+    checks of :mod:`._s3_responses` catch the known cases before botocore's parser runs)."""
+    if not isinstance(exc, ValueError | KeyError | TypeError | IndexError | AttributeError):
+        return False
+    tb = exc.__traceback__
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if os.path.basename(filename) == "parsers.py" and "botocore" in filename:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def is_transport_error(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by a boto3 call or a response body read, is the client's or the
+    network's (to translate with :func:`translate`) rather than a fault in the calling code.
+
+    That is: botocore's errors, socket errors (resets, timeouts), urllib3's and ``http.client``'s
+    errors that escape botocore (``ProtocolError``, ``IncompleteRead``, ``BadStatusLine``), and an
+    error raised inside botocore's response parser (a malformed response).
+    """
+    from botocore.exceptions import BotoCoreError, ClientError
+    from urllib3.exceptions import HTTPError as Urllib3Error
+
+    return isinstance(
+        exc, ClientError | BotoCoreError | OSError | Urllib3Error | http.client.HTTPException
+    ) or _parse_failure(exc)
+
+
 def translate(exc: BaseException, url: str, action: str, ctx: ErrorContext) -> StoreError:
     """Map a botocore (or socket) exception to a fastload error about ``url``.
 
@@ -129,7 +162,16 @@ def translate(exc: BaseException, url: str, action: str, ctx: ErrorContext) -> S
             f"{ctx.credential_sources}",
             url=url,
         )
-    if isinstance(exc, BotoCoreError | OSError):
+    from urllib3.exceptions import HTTPError as Urllib3Error
+
+    if _parse_failure(exc):
+        return TransientStoreError(
+            f"cannot {action} {url} {ctx.where}: its answer could not be parsed "
+            f"({type(exc).__name__}: {exc}), as when a response is cut short on the way; check "
+            "that the endpoint is an S3 server and the network is sound (RetryStore retries this)",
+            url=url,
+        )
+    if isinstance(exc, BotoCoreError | OSError | Urllib3Error | http.client.HTTPException):
         unreachable = _unreachable(exc, url, action, ctx)
         if unreachable is not None:
             return unreachable

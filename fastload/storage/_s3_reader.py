@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastload.errors import TransientStoreError
+from fastload.errors import StoreError, TransientStoreError
 from fastload.storage._base import SeekableReader
 from fastload.storage._s3_connection import S3Connection, ack_now
-from fastload.storage._s3_errors import etag_of
+from fastload.storage._s3_errors import etag_of, is_transport_error
 
 __all__ = ["READ_PIECE", "S3StreamReader"]
 
@@ -69,12 +69,15 @@ class S3StreamReader(SeekableReader):
     def version(self) -> str | None:
         return self._etag
 
+    @property
+    def object_size(self) -> int:
+        """The object's size in bytes, as the first GET's answer gave it."""
+        return self._object_size
+
     def _moved(self) -> None:
         self._close_body()  # reopened at the new position by the next read
 
     def _read_into(self, out: memoryview) -> int:
-        from botocore.exceptions import BotoCoreError
-
         if self._pos >= self._object_size:
             return 0
         try:
@@ -89,8 +92,10 @@ class S3StreamReader(SeekableReader):
                     f"stream of {self._url} ended at byte {self._pos} of {self._object_size}",
                     url=self._url,
                 )
-        except (BotoCoreError, OSError) as exc:
+        except Exception as exc:
             self._close_body()
+            if isinstance(exc, StoreError) or not is_transport_error(exc):
+                raise
             raise self._conn.translate(exc, self._url, "read") from exc
         n = len(chunk)
         out[:n] = chunk

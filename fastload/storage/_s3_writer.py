@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 from fastload.errors import TransientStoreError
 from fastload.storage._base import ObjectWriter
@@ -14,14 +16,16 @@ from fastload.storage._s3_connection import S3Connection
 __all__ = ["S3Writer"]
 
 _log = logging.getLogger("fastload.storage._s3")
+_T = TypeVar("_T")
 
 
 class S3Writer(ObjectWriter):
     """Multipart upload with bounded parallel part uploads; one PUT if it never fills a part.
 
-    Memory: up to ``upload_concurrency + 1`` parts of ``part_size`` bytes are held. A part that
-    fails transiently is uploaded again (``part_attempts``), since a streamed write cannot be
-    replayed whole by :class:`~fastload.storage.RetryStore`. An aborted or failed writer aborts
+    Memory: up to ``upload_concurrency + 1`` parts of ``part_size`` bytes are held. Each request
+    (start, part, completion, or the one PUT) that fails transiently is sent again
+    (``part_attempts`` in all), since a streamed write cannot be replayed whole by
+    :class:`~fastload.storage.RetryStore`. An aborted or failed writer aborts
     its multipart upload, so no parts are left behind.
 
     Args:
@@ -58,9 +62,8 @@ class S3Writer(ObjectWriter):
     def _submit(self, chunk: bytes) -> None:
         conn = self._conn
         if self._upload_id is None:
-            resp = conn.call(
+            resp = self._attempts(
                 "start a multipart upload of",
-                self._url,
                 lambda: self._client().create_multipart_upload(Bucket=conn.bucket, Key=self._full),
             )
             self._upload_id = str(resp["UploadId"])
@@ -76,50 +79,55 @@ class S3Writer(ObjectWriter):
         upload_id = self._upload_id
         self._parts.append(conn.pool().submit(self._upload_part, number, upload_id, chunk))
 
-    def _upload_part(self, number: int, upload_id: str, chunk: bytes) -> dict[str, Any]:
-        # RetryStore cannot replay a streamed write, so a part (idempotent: re-uploading a part
-        # number replaces it) is retried here, a few times with backoff, on transient errors.
-        conn = self._conn
-        attempts = conn.config.part_attempts
+    def _attempts(self, action: str, fn: Callable[[], _T], *, what: str = "") -> _T:
+        """``fn()`` (one request), repeated on transient errors up to ``part_attempts`` times
+        with backoff: :class:`~fastload.storage.RetryStore` cannot replay a streamed write, so
+        each of its requests is retried here. Every request retried so is idempotent (a part
+        number uploaded again replaces the part; a PUT of the same bytes; a completion, see
+        :meth:`_complete`). A new multipart upload whose answer was lost leaves an empty upload
+        behind, which :meth:`~fastload.storage.S3Store.abort_incomplete_writes` removes."""
+        attempts = self._conn.config.part_attempts
         for attempt in range(1, attempts + 1):
             try:
-                resp = conn.call(
-                    f"upload part {number} of",
-                    self._url,
-                    lambda: self._client().upload_part(
-                        Bucket=conn.bucket,
-                        Key=self._full,
-                        UploadId=upload_id,
-                        PartNumber=number,
-                        Body=chunk,
-                    ),
-                )
+                return self._conn.call(action, self._url, fn)
             except TransientStoreError as exc:
                 if attempt == attempts:
                     raise
                 delay = min(0.2 * 2**attempt, 5.0)
                 _log.info(
-                    "retrying (%d/%d) in %.2g s: part %d of %s: %s",
+                    "retrying (%d/%d) in %.2g s: %s%s: %s",
                     attempt,
                     attempts - 1,
                     delay,
-                    number,
+                    what,
                     self._url,
                     " ".join(str(exc).split()),
                 )
                 time.sleep(delay)
-                continue
-            return {"PartNumber": number, "ETag": resp["ETag"]}
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _upload_part(self, number: int, upload_id: str, chunk: bytes) -> dict[str, Any]:
+        conn = self._conn
+        resp = self._attempts(
+            f"upload part {number} of",
+            lambda: self._client().upload_part(
+                Bucket=conn.bucket,
+                Key=self._full,
+                UploadId=upload_id,
+                PartNumber=number,
+                Body=chunk,
+            ),
+            what=f"part {number} of ",
+        )
+        return {"PartNumber": number, "ETag": resp["ETag"]}
 
     def _commit(self) -> None:
         conn = self._conn
         if self._upload_id is None:
             body = bytes(self._buf)
             self._buf = bytearray()
-            conn.call(
+            self._attempts(
                 "write",
-                self._url,
                 lambda: self._client().put_object(Bucket=conn.bucket, Key=self._full, Body=body),
             )
             return
@@ -128,18 +136,43 @@ class S3Writer(ObjectWriter):
             self._buf = bytearray()
             self._submit(chunk)
         parts = [fut.result() for fut in self._parts]
-        upload_id = self._upload_id
-        conn.call(
-            "complete the multipart upload of",
-            self._url,
-            lambda: self._client().complete_multipart_upload(
-                Bucket=conn.bucket,
-                Key=self._full,
-                UploadId=upload_id,
-                MultipartUpload={"Parts": parts},
-            ),
-        )
+        self._complete(self._upload_id, parts)
         self._upload_id = None
+
+    def _complete(self, upload_id: str, parts: list[dict[str, Any]]) -> None:
+        """Complete the upload. A completion whose answer was lost may have completed it: a
+        retry then finds no such upload, and the object's ETag, the MD5 of the parts' MD5s
+        with the part count (what S3 and Ceph RGW compute), tells whether it is this upload."""
+        conn = self._conn
+        failed = False
+
+        def complete() -> None:
+            nonlocal failed
+            try:
+                self._client().complete_multipart_upload(
+                    Bucket=conn.bucket,
+                    Key=self._full,
+                    UploadId=upload_id,
+                    MultipartUpload={"Parts": parts},
+                )
+            except Exception as exc:
+                code = getattr(exc, "response", {}).get("Error", {}).get("Code")
+                if failed and code == "NoSuchUpload" and self._is_completed(parts):
+                    return
+                failed = True
+                raise
+
+        self._attempts("complete the multipart upload of", complete)
+
+    def _is_completed(self, parts: list[dict[str, Any]]) -> bool:
+        """Whether the object now is the one these parts make (see :meth:`_complete`)."""
+        try:
+            digests = b"".join(bytes.fromhex(str(p["ETag"]).strip('"')) for p in parts)
+        except ValueError:  # not MD5 ETags (encrypted buckets): cannot tell
+            return False
+        expected = f"{hashlib.md5(digests, usedforsecurity=False).hexdigest()}-{len(parts)}"
+        head = self._client().head_object(Bucket=self._conn.bucket, Key=self._full)
+        return str(head.get("ETag", "")).strip('"') == expected
 
     def _abort(self) -> None:
         self._buf = bytearray()
