@@ -14,6 +14,8 @@ Errors never carry credentials.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 __all__ = [
     "BatchShapeError",
     "CacheFullError",
@@ -25,6 +27,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidKeyError",
     "InvalidRangeError",
+    "LaunchEnvironmentError",
     "ManifestError",
     "MissingDependencyError",
     "MissingIndexError",
@@ -55,6 +58,22 @@ class InvalidArgumentError(FastloadError, ValueError):
 
 class UnknownSchemeError(InvalidArgumentError):
     """A URL's scheme names no registered store backend; the message lists the known schemes."""
+
+
+class LaunchEnvironmentError(InvalidArgumentError):
+    """The environment shows a multi-process launch (``torchrun``, ``horovodrun``, ``mpirun``,
+    ``srun``) whose rank or world size is missing, malformed or contradicted.
+
+    Raised instead of taking rank 0 of 1, which would make every process read the whole dataset.
+    The message lists the variables seen and says to pass ``rank=``/``world_size=``.
+
+    Attributes:
+        variables: The launch variables set in the environment, ``{name: value}``.
+    """
+
+    def __init__(self, message: str, *, variables: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.variables: dict[str, str] = dict(variables or {})
 
 
 class MissingDependencyError(FastloadError, ImportError):

@@ -108,7 +108,8 @@ class WebDataset(DataPipeline, FluidInterface):  # type: ignore[misc]
             default it is split evenly over the ranks, padded with at most ``world_size - 1``
             repeated samples so every rank yields as many chunks.
         epoch: The first epoch (change it with :meth:`set_epoch`).
-        rank: This rank; detected (``torch.distributed``, ``RANK``) when ``None``.
+        rank: This rank; detected (``torch.distributed``, the launcher's variables, see
+            :func:`~fastload.loader.detect_launch`) when ``None``.
         world_size: Number of ranks; detected when ``None``.
         open_options: Passed to :func:`~fastload.loader.open_dataset` (``on_error``,
             ``store_options``, ``cache_dir``, ``block_size``, ...).

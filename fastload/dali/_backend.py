@@ -8,11 +8,13 @@ without DALI installed; the first call that needs DALI raises
 from __future__ import annotations
 
 import importlib.util
-import os
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from fastload._plugins import require
 from fastload.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from fastload.loader._dist import Launch
 
 __all__ = ["Device", "dali_available", "gpu_available", "local_rank", "require_dali", "resolve"]
 
@@ -50,21 +52,16 @@ def gpu_available() -> bool:
     return bool(torch.cuda.is_available() and torch.cuda.device_count() > 0)
 
 
-def local_rank(rank: int) -> int:
-    """The GPU this process drives: ``LOCAL_RANK`` (set by ``torchrun``), else ``rank`` modulo the
-    number of visible GPUs."""
-    text = os.environ.get("LOCAL_RANK", "")
-    if text:
-        try:
-            return int(text)
-        except ValueError:
-            raise InvalidArgumentError(
-                f"environment variable LOCAL_RANK={text!r} is not an integer; unset it or fix it"
-            ) from None
+def local_rank(launch: Launch) -> int:
+    """The GPU this process drives: the launcher's local rank (``LOCAL_RANK``,
+    ``OMPI_COMM_WORLD_LOCAL_RANK``, ``SLURM_LOCALID``, ..., see :func:`fastload.loader.detect_launch`),
+    else the rank modulo the number of visible GPUs."""
+    if launch.local_rank is not None:
+        return launch.local_rank
     import torch
 
     count = torch.cuda.device_count()
-    return rank % count if count else 0
+    return launch.rank % count if count else 0
 
 
 def resolve(device: str) -> Device:

@@ -42,7 +42,7 @@ from fastload.dali._outputs import convert_batch
 from fastload.dali._source import BatchSource, FieldSpec, resolve_dataset
 from fastload.errors import FastloadError, InvalidArgumentError, WorkerError
 from fastload.formats._base import ErrorPolicy
-from fastload.loader import Dataset, Partition, detect_rank_world
+from fastload.loader import Dataset, Partition, detect_launch
 from fastload.loader._cursor import EpochCursor
 from fastload.loader._seeds import pipeline_seed
 from fastload.storage import Store
@@ -76,7 +76,8 @@ class DALILoader:
         num_threads: DALI CPU threads (decoding on the CPU, resizing, ...).
         seed: Order and augmentation seed; ``None`` keeps the dataset's (0 for URLs).
         shuffle: Shuffle the order; ``None`` keeps the dataset's (True for URLs).
-        rank: This rank (detected from ``torch.distributed`` / ``RANK`` when ``None``).
+        rank: This rank (detected from ``torch.distributed`` or the launcher's variables when
+            ``None``, see :func:`fastload.loader.detect_launch`).
         world_size: Number of ranks (detected likewise when ``None``).
         drop_last: Drop the incomplete last global step instead of padding.
         reader: ``"external"`` (fastload readers, exact semantics), ``"native"`` (DALI's
@@ -95,7 +96,9 @@ class DALILoader:
         on_error: Corrupt samples when reading (external mode): ``"raise"``, ``"skip"`` or
             ``"warn"``; undecodable images always raise (DALI's decoders cannot skip).
         store_options: Options for :func:`fastload.open_store` when ``dataset`` is a URL.
-        device_id: The GPU for ``device="gpu"``; default ``LOCAL_RANK`` or rank modulo GPUs.
+        device_id: The GPU for ``device="gpu"``; default: the launcher's local rank
+            (``LOCAL_RANK``, ``OMPI_COMM_WORLD_LOCAL_RANK``, ``SLURM_LOCALID``, ... see
+            :func:`fastload.loader.detect_launch`), else the rank modulo the GPUs.
         prebuild: External mode: from the middle of an epoch on, build the pipeline of the next
             epoch (``epoch + 1`` from step 0) in a background thread, so that its start-up
             (seconds when worker processes must be spawned, e.g. once CUDA is initialised)
@@ -157,10 +160,11 @@ class DALILoader:
         self.augment: AugmentFn = check_augment(augment if augment is not None else ImageAugment())
         self.device: Device = resolve(device)
         self.drop_last = bool(drop_last)
-        self.rank, self.world_size = detect_rank_world(rank, world_size)
+        launch = detect_launch(rank, world_size)
+        self.rank, self.world_size = launch.rank, launch.world_size
         self.device_id: int | None = None
         if self.device == "gpu":
-            self.device_id = device_id if device_id is not None else local_rank(self.rank)
+            self.device_id = device_id if device_id is not None else local_rank(launch)
         self.dataset = resolve_dataset(
             dataset, seed, shuffle, on_error, store_options, cache_dir, cache_bytes
         )

@@ -19,7 +19,7 @@ into global steps, rank batches and worker tasks is pure arithmetic (:class:`Par
 from fastload.loader._collate import default_collate
 from fastload.loader._cursor import STATE_VERSION
 from fastload.loader._dataset import Dataset
-from fastload.loader._dist import detect_rank_world
+from fastload.loader._dist import Launch, detect_launch, detect_rank_world
 from fastload.loader._loader import DataLoader
 from fastload.loader._mix import mix
 from fastload.loader._mix_samples import MixedDataset
@@ -44,6 +44,7 @@ __all__ = [
     "DataLoader",
     "Dataset",
     "EpochOrder",
+    "Launch",
     "MixRoundingWarning",
     "MixedDataset",
     "MixedTokens",
@@ -56,6 +57,7 @@ __all__ = [
     "TokenSource",
     "WideningTokenSource",
     "default_collate",
+    "detect_launch",
     "detect_rank_world",
     "mix",
     "open_dataset",

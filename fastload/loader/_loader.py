@@ -108,7 +108,9 @@ class DataLoader:
         pin_memory_device: Passed to torch.
         device: ``"cuda"`` (or ``"cuda:N"``) moves every batch to that GPU on a side stream one
             batch ahead (and turns on ``pin_memory``); ``None``/``"cpu"`` leaves batches on the CPU.
-        rank: This process's rank (detected from ``torch.distributed`` or ``RANK`` if ``None``).
+        rank: This process's rank (``None``: detected from ``torch.distributed`` or the launcher's
+            variables: ``torchrun``, ``horovodrun``, ``mpirun``, ``srun``; see
+            :func:`~fastload.loader.detect_launch`).
         world_size: Number of ranks (detected likewise if ``None``).
         io_threads: Reader threads per worker that fetch the next batch's samples ahead;
             ``None`` (default): none for local files, 4 for remote stores and caches (see

@@ -124,8 +124,8 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
         drop_last: Drop the incomplete last global step instead of padding (see
             :mod:`fastload.loader._partition`).
         collate_fn: ``list of samples -> batch``; default :func:`default_collate`.
-        rank: This rank; detected (``torch.distributed``, ``RANK``) when ``None``.
-        world_size: Number of ranks; detected (``torch.distributed``, ``WORLD_SIZE``) when ``None``.
+        rank: This rank; ``None``: ``torch.distributed``'s or the launcher's (``detect_launch``).
+        world_size: Number of ranks; ``None``: detected likewise.
         epoch: Initial epoch (change it with :meth:`set_epoch`).
         io_threads: Reader threads per process (0 reads in the calling thread); ``None``:
             :func:`default_io_threads` of the dataset's store.
