@@ -4,6 +4,13 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 
+# torch is pinned (2.13.0). PyPI's build of it carries CUDA: a 527 MB wheel plus ~2.1 GB of NVIDIA
+# libraries (~4.4 GB installed), and it runs on a machine without a GPU. A CPU-only machine can take
+# PyTorch's own small CPU build instead: `make demo TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu`
+# (the same for `make test`). Empty: PyPI.
+TORCH_INDEX_URL ?=
+TORCH_PIP_ARGS   = $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
+
 .PHONY: demo test lint bench ceph-up ceph-down clean
 
 $(STAMP): pyproject.toml setup.py fastload/loader/_jpegroi.c
@@ -11,13 +18,13 @@ $(STAMP): pyproject.toml setup.py fastload/loader/_jpegroi.c
 	tools/system-deps.sh
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	# torch is pinned so pip takes the CPU wheel (an unpinned torch pulls a multi-GB CUDA build).
-	$(PY) -m pip install --quiet 'torch==2.13.0'
+	$(PY) -m pip install --quiet $(TORCH_PIP_ARGS) 'torch==2.13.0'
 	$(PY) -m pip install --quiet -e '.[dev,dali,s3]'
 	touch $(STAMP)
 
 # The demo needs fastload's runtime dependencies only (no extras: no DALI, boto3, pyarrow, mypy,
-# pytest), so it gets its own virtualenv (~0.9 GB, ~1 GB less than $(VENV)) and leaves `make test`'s
+# pytest), so it gets its own virtualenv (~4.6 GB with PyPI's torch, ~0.9 GB with the CPU build; ~1 GB
+# less than $(VENV)) and leaves `make test`'s
 # $(VENV) alone. Its stamp has its own name, so `make demo DEMO_VENV=.venv` can reuse a development
 # venv that already holds everything (both installs then find nothing to do) without marking it
 # complete for `test`. --no-compile: pip byte-compiling all of torch is most of the install time
@@ -31,9 +38,8 @@ DEMO_STAMP  = $(DEMO_VENV)/.demo-installed
 $(DEMO_STAMP): pyproject.toml
 	@echo "demo: creating the virtualenv $(DEMO_VENV)"
 	$(PYTHON) -m venv $(DEMO_VENV)
-	@echo "demo: installing torch 2.13.0, CPU build, and its dependencies (a 190 MB wheel, ~790 MB installed)"
-	# torch is pinned so pip takes the CPU wheel (an unpinned torch pulls a multi-GB CUDA build).
-	$(DEMO_PIP) 'torch==2.13.0'
+	@echo "demo: installing torch 2.13.0 and its dependencies ($(if $(TORCH_INDEX_URL),from $(TORCH_INDEX_URL),PyPI's build with CUDA: ~2.6 GB to download, ~4.4 GB installed; it runs on the CPU))"
+	$(DEMO_PIP) $(TORCH_PIP_ARGS) 'torch==2.13.0'
 	@echo "demo: installing fastload and its runtime dependencies (numpy, pillow, lmdb, ...: ~100 MB installed)"
 	$(DEMO_PIP) -e .
 	touch $(DEMO_STAMP)
