@@ -19,7 +19,7 @@ import numpy.typing as npt
 import torch
 from torch.utils.data import default_collate as _torch_default_collate
 
-from fastload.errors import InvalidArgumentError
+from fastload.errors import BatchShapeError, InvalidArgumentError
 from fastload.loader._packed import BytesLike, PackedBytes
 from fastload.loader._shm_pool import POOL_MIN_BYTES, alloc_uint8, pooling
 
@@ -35,7 +35,12 @@ def _stack(samples: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.stack(list(samples), out=out)
 
 
-def default_collate(samples: Sequence[Any]) -> Any:
+def default_collate(
+    samples: Sequence[Any],
+    *,
+    keys: Sequence[str | None] | None = None,
+    fields: Sequence[str] | None = None,
+) -> Any:
     """Collate processed samples into a batch.
 
     Like ``torch.utils.data.default_collate`` for tensors (stacked; in shared memory when called
@@ -46,11 +51,112 @@ def default_collate(samples: Sequence[Any]) -> Any:
     ``str``, ``None`` and other objects become a **list**, and tuple samples give a **tuple** of
     collated fields (torch gives lists), so ``images, labels = batch`` reads naturally.
 
+    Tensors or arrays of different shapes in one field (images of different sizes without a
+    resizing transform) raise :class:`~fastload.errors.BatchShapeError`. The shapes are compared
+    only after stacking failed, so the check costs nothing when they agree.
+
+    Args:
+        samples: The processed samples of one batch.
+        keys: The samples' keys (``__key__``), in the same order, for error messages only
+            (fastload's loader passes them); dict samples that hold ``__key__`` need none.
+        fields: The names of the positions of tuple samples (the dataset's ``fields=``), for
+            error messages only.
+
     Raises:
         InvalidArgumentError: Samples have different structures (the message names the keys).
+        BatchShapeError: A field's tensors or arrays have different shapes; the message names
+            the field, two shapes with their sample keys, and the ways out.
     """
     if not samples:
         raise InvalidArgumentError("cannot collate an empty list of samples")
+    return _collate(samples, _Where(samples, keys, fields, ""))
+
+
+class _Where:
+    """What error messages say about the values being collated: the batch's samples and keys,
+    the names of tuple positions, and the field being collated (``""`` at the top). Only an
+    error reads it."""
+
+    __slots__ = ("batch", "fields", "given_keys", "path")
+
+    def __init__(
+        self,
+        batch: Sequence[Any],
+        keys: Sequence[str | None] | None,
+        fields: Sequence[str] | None,
+        path: str,
+    ) -> None:
+        self.batch, self.given_keys, self.fields, self.path = batch, keys, fields, path
+
+    def key(self, name: str) -> _Where:
+        path = f"{self.path}.{name}" if self.path else name
+        return _Where(self.batch, self.given_keys, self.fields, path)
+
+    def position(self, i: int) -> _Where:
+        if self.path:
+            name = f"{self.path}[{i}]"
+        elif self.fields is not None and i < len(self.fields):
+            name = self.fields[i]
+        else:
+            name = f"[{i}]"
+        return _Where(self.batch, self.given_keys, None, name)
+
+    @property
+    def keys(self) -> Sequence[str | None] | None:
+        """The samples' keys: as given, or the ``__key__`` of dict samples; None if unknown."""
+        if self.given_keys is not None:
+            return self.given_keys
+        if all(isinstance(s, Mapping) and "__key__" in s for s in self.batch):
+            return [str(s["__key__"]) for s in self.batch]
+        return None
+
+
+def _stack_or_explain(samples: Sequence[Any], where: _Where) -> Any:
+    """torch's collation of tensors or arrays; if it fails on shapes that differ, the
+    :class:`BatchShapeError` that says so."""
+    try:
+        return _torch_default_collate(list(samples))
+    except (RuntimeError, TypeError, ValueError):
+        shape_error = _shape_error(samples, where)
+        if shape_error is None:
+            raise
+        raise shape_error from None  # what torch said adds nothing to the shapes
+
+
+def _shape_error(samples: Sequence[Any], where: _Where) -> BatchShapeError | None:
+    """The error for samples whose shapes differ, or None if they all have one shape."""
+    shapes = [tuple(getattr(s, "shape", ())) for s in samples]
+    first = shapes[0]
+    other = next((i for i, shape in enumerate(shapes) if shape != first), None)
+    if other is None:
+        return None
+    keys = where.keys
+    key0 = keys[0] if keys is not None and len(keys) == len(samples) else None
+    key1 = keys[other] if keys is not None and len(keys) == len(samples) else None
+    distinct = len(set(shapes))
+    field = where.path or "the samples"
+    named = f"field {field!r}" if where.path else "the samples"
+
+    def one(shape: tuple[int, ...], key: str | None, i: int) -> str:
+        return (
+            f"{shape} (sample {key!r})" if key is not None else f"{shape} (sample {i} of the batch)"
+        )
+
+    return BatchShapeError(
+        f"cannot stack {named} into a batch: its arrays have different shapes, "
+        f"{one(first, key0, 0)} and {one(shapes[other], key1, other)} ({distinct} different "
+        f"shapes among the {len(samples)} samples); give every sample one shape with a "
+        "transform that resizes (e.g. transform=fastload.loader.transforms.ImageTrainTransform"
+        "(224), or RandomResizedCrop/Resize), or keep the samples as a list with "
+        "collate_fn=list",
+        field=field,
+        shapes=(first, shapes[other]),
+        keys=(key0, key1),
+    )
+
+
+def _collate(samples: Sequence[Any], where: _Where) -> Any:
+    """:func:`default_collate` of the values at ``where``."""
     first = samples[0]
     if isinstance(first, torch.Tensor):
         if (
@@ -64,11 +170,11 @@ def default_collate(samples: Sequence[Any]) -> Any:
             )
         ):
             return _stack(samples)
-        return _torch_default_collate(list(samples))
+        return _stack_or_explain(samples, where)
     if isinstance(first, BytesLike) and all(isinstance(s, BytesLike) for s in samples):
         return PackedBytes.pack(samples)
     if isinstance(first, np.ndarray) and first.dtype != object:
-        return _torch_default_collate(list(samples))
+        return _stack_or_explain(samples, where)
     if isinstance(first, bool | np.bool_):
         return torch.tensor(samples, dtype=torch.bool)
     if isinstance(first, int | np.integer):
@@ -84,14 +190,16 @@ def default_collate(samples: Sequence[Any]) -> Any:
                     f"cannot collate samples with different fields: {sorted(keys)} and {have}; "
                     "select common fields with fields=(...) or pass a collate_fn"
                 )
-        return {k: default_collate([s[k] for s in samples]) for k in keys}
+        return {k: _collate([s[k] for s in samples], where.key(str(k))) for k in keys}
     if isinstance(first, tuple):
         width = len(first)
         if any(not isinstance(s, tuple) or len(s) != width for s in samples):
             raise InvalidArgumentError(
                 f"cannot collate tuples of different lengths (first has {width} fields)"
             )
-        fields = tuple(default_collate(list(col)) for col in zip(*samples))
+        fields = tuple(
+            _collate(list(col), where.position(i)) for i, col in enumerate(zip(*samples))
+        )
         if hasattr(first, "_fields"):  # namedtuple
             return type(first)(*fields)
         return fields

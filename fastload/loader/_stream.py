@@ -51,7 +51,13 @@ import torch.utils.data
 
 from fastload._lazy import current_pid
 from fastload._units import check_int
-from fastload.errors import FastloadError, FormatError, InvalidArgumentError, WorkerError
+from fastload.errors import (
+    BatchShapeError,
+    FastloadError,
+    FormatError,
+    InvalidArgumentError,
+    WorkerError,
+)
 from fastload.loader._collate import default_collate, empty_like_batch
 from fastload.loader._dist import detect_rank_world
 from fastload.loader._lookahead import ShardLookahead
@@ -370,6 +376,7 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
         where = f"rank {rank}, worker {worker}, global step {planned.step}"
         samples: list[Any] = []
         delivered: list[int] = []  # dataset indices of the samples
+        keys: list[str | None] = []  # their keys, for the default collation's errors
         skipped = nbytes = 0
         shards, positions = planned.shards.tolist(), planned.positions.tolist()
         indices = planned.indices.tolist()
@@ -394,12 +401,24 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
             else:
                 samples.append(sample)
                 delivered.append(index)
+                keys.append(raw.get("__key__"))
         pooled: tuple[tuple[int, int, int], ...] = ()
         if samples:
             buffers = self._buffers if self._buffers_pid == current_pid() else None
             previous = set_buffer_pool(buffers)
             try:
-                batch = self.collate_fn(samples)
+                if self.collate_fn is default_collate:
+                    select = getattr(ds, "select", None)
+                    names = select.fields if select is not None else None
+                    batch = default_collate(samples, keys=keys, fields=names)
+                else:
+                    batch = self.collate_fn(samples)
+            except BatchShapeError as exc:  # typed as itself: it reaches the user with workers too
+                exc.add_note(
+                    f"collating the batch of {where} ({len(samples)} samples from shards "
+                    f"{sorted({ds.shard_url(int(s)) for s in planned.shards})})"
+                )
+                raise
             except Exception as exc:
                 raise WorkerError(
                     f"{where}: collate_fn failed on a batch of {len(samples)} samples from "
