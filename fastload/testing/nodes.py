@@ -224,12 +224,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch.distributed as dist
 
     import fastload
+    from fastload.loader import detect_launch
     from fastload.storage import CachingStore
 
     save_at, kill_at = _parse_at(args.save_at, 2), _parse_at(args.kill_at, 3)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    local_rank = int(os.environ["LOCAL_RANK"])
+    local_rank = detect_launch().local_rank  # torchrun's LOCAL_RANK, or any launcher's
     node = int(os.environ.get("GROUP_RANK", "0"))
     args.log_dir.mkdir(parents=True, exist_ok=True)
     ds = fastload.open_dataset(
