@@ -11,19 +11,19 @@ tuples, lists and dicts), as :func:`empty_like_batch` does.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 import torch
 from torch.utils.data import default_collate as _torch_default_collate
 
-from fastload.errors import BatchShapeError, InvalidArgumentError
+from fastload.errors import BatchShapeError, InvalidArgumentError, WorkerError
 from fastload.loader._packed import BytesLike, PackedBytes
 from fastload.loader._shm_pool import POOL_MIN_BYTES, alloc_uint8, pooling
 
-__all__ = ["BufferReleaser", "default_collate", "empty_like_batch"]
+__all__ = ["BufferReleaser", "collate_batch", "default_collate", "empty_like_batch"]
 
 
 def _stack(samples: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -204,6 +204,47 @@ def _collate(samples: Sequence[Any], where: _Where) -> Any:
             return type(first)(*fields)
         return fields
     return list(samples)
+
+
+class _BatchSource(Protocol):
+    """What :func:`collate_batch` asks of the dataset: its ``fields=`` selection (``select``,
+    optional) and the URL of a shard."""
+
+    def shard_url(self, shard: int) -> str: ...
+
+
+def collate_batch(
+    collate_fn: Callable[[list[Any]], Any],
+    samples: list[Any],
+    keys: Sequence[str | None],
+    dataset: _BatchSource,
+    where: str,
+    shards: Iterable[Any],
+) -> Any:
+    """Collate one batch of fastload's loader: ``collate_fn(samples)``; the default collation
+    also gets the samples' ``keys`` and the names of the dataset's ``fields=``, for its errors.
+
+    Raises:
+        BatchShapeError: As itself, with a note saying ``where`` (the rank, worker and step)
+            and which of the dataset's ``shards`` the samples came from, so that it reaches the
+            user typed also from worker processes.
+        WorkerError: Any other failure of ``collate_fn``, naming the same.
+    """
+    try:
+        if collate_fn is default_collate:
+            select = getattr(dataset, "select", None)
+            return default_collate(samples, keys=keys, fields=getattr(select, "fields", None))
+        return collate_fn(samples)
+    except BatchShapeError as exc:
+        urls = sorted({dataset.shard_url(int(s)) for s in shards})
+        exc.add_note(f"collating the batch of {where} ({len(samples)} samples from shards {urls})")
+        raise
+    except Exception as exc:
+        urls = sorted({dataset.shard_url(int(s)) for s in shards})
+        raise WorkerError(
+            f"{where}: collate_fn failed on a batch of {len(samples)} samples from "
+            f"shards {urls}: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def empty_like_batch(batch: Any) -> Any:

@@ -51,14 +51,8 @@ import torch.utils.data
 
 from fastload._lazy import current_pid
 from fastload._units import check_int
-from fastload.errors import (
-    BatchShapeError,
-    FastloadError,
-    FormatError,
-    InvalidArgumentError,
-    WorkerError,
-)
-from fastload.loader._collate import default_collate, empty_like_batch
+from fastload.errors import FastloadError, FormatError, InvalidArgumentError, WorkerError
+from fastload.loader._collate import collate_batch, default_collate, empty_like_batch
 from fastload.loader._dist import detect_rank_world
 from fastload.loader._lookahead import ShardLookahead
 from fastload.loader._partition import Partition
@@ -407,24 +401,7 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
             buffers = self._buffers if self._buffers_pid == current_pid() else None
             previous = set_buffer_pool(buffers)
             try:
-                if self.collate_fn is default_collate:
-                    select = getattr(ds, "select", None)
-                    names = select.fields if select is not None else None
-                    batch = default_collate(samples, keys=keys, fields=names)
-                else:
-                    batch = self.collate_fn(samples)
-            except BatchShapeError as exc:  # typed as itself: it reaches the user with workers too
-                exc.add_note(
-                    f"collating the batch of {where} ({len(samples)} samples from shards "
-                    f"{sorted({ds.shard_url(int(s)) for s in planned.shards})})"
-                )
-                raise
-            except Exception as exc:
-                raise WorkerError(
-                    f"{where}: collate_fn failed on a batch of {len(samples)} samples from "
-                    f"shards {sorted({ds.shard_url(int(s)) for s in planned.shards})}: "
-                    f"{type(exc).__name__}: {exc}"
-                ) from exc
+                batch = collate_batch(self.collate_fn, samples, keys, ds, where, planned.shards)
             finally:
                 set_buffer_pool(previous)
                 if buffers is not None:

@@ -45,7 +45,7 @@ from fastload._units import parse_size
 from fastload.errors import CacheFullError, InvalidArgumentError, ObjectNotFoundError, StoreError
 from fastload.storage._base import DEFAULT_COALESCE_BYTES, DEFAULT_READ_CHUNK, ObjectWriter, Store
 from fastload.storage._cache_counters import COUNTER_NAMES, ProcessCounters
-from fastload.storage._cache_dir import NO_SPACE, CacheDirectory, warn_once
+from fastload.storage._cache_dir import NO_SPACE, CacheDirectory
 from fastload.storage._cache_fill import fill
 from fastload.storage._keys import ByteRange, ObjectMeta, check_range, validate_key
 from fastload.storage._wrapper import WrapperStore
@@ -229,12 +229,7 @@ class CachingStore(WrapperStore):
                 state.no_room.clear()
             state.no_room[key] = (time.monotonic(), full)
         self._count("disk_full_uncached")
-        warn_once(
-            "uncached",
-            self._disk.path,
-            f"{full}. Reading it uncached; further objects that do not fit are read uncached "
-            "without a warning, counted in stats()['disk_full_uncached']",
-        )
+        self._disk.warn_uncached(full)
         if copy:
             raise full
         return None
@@ -424,14 +419,9 @@ class CachingStore(WrapperStore):
         return self._store.open_reader(key, chunk_size=chunk_size)
 
     def local_path(self, key: str) -> str | None:
-        """The path of the cached copy of ``key``, filled now if needed.
-
-        Raises:
-            ObjectNotFoundError: The object is larger than the budget (it has no local copy).
-            CacheFullError: The cache's filesystem has no room for the object, even after
-                evicting (the message names the directory, the budget and the free space; the
-                formats' readers then stream the object instead).
-        """
+        """The path of the cached copy of ``key``, filled now if needed. Raises
+        :class:`ObjectNotFoundError` for an object larger than the budget and
+        :class:`~fastload.errors.CacheFullError` for one the filesystem has no room for."""
         path = self._ensure(key, copy=True)
         if path is None:
             raise ObjectNotFoundError(

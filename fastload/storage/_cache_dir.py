@@ -61,14 +61,15 @@ class CacheSpaceWarning(UserWarning):
     Each is given once per process and cache directory."""
 
 
-def warn_once(what: str, path: str, message: str) -> bool:
-    """Warn ``message`` (a :class:`CacheSpaceWarning`) unless this process already warned
-    ``what`` about the cache directory ``path``; return whether it warned."""
+def warn_once(what: str, path: str, message: str, stacklevel: int) -> bool:
+    """Warn ``message`` (a :class:`CacheSpaceWarning`, for the caller ``stacklevel`` frames up)
+    unless this process already warned ``what`` about the cache directory ``path``; return
+    whether it warned."""
     with _warned_lock:
         if (what, path) in _warned:
             return False
         _warned.add((what, path))
-    warnings.warn(message, CacheSpaceWarning, stacklevel=4)
+    warnings.warn(message, CacheSpaceWarning, stacklevel=stacklevel + 1)
     return True
 
 
@@ -372,6 +373,16 @@ class CacheDirectory:
             code=code,
         )
 
+    def warn_uncached(self, exc: CacheFullError) -> None:
+        """Warn (once per process and directory) that an object is read uncached for ``exc``."""
+        warn_once(
+            "uncached",
+            self.path,
+            f"{exc}. Reading it uncached; further objects that do not fit are read uncached "
+            "without a warning, counted in stats()['disk_full_uncached']",
+            stacklevel=4,  # the caller of the cache's read
+        )
+
     def check_space(self) -> None:
         """Warn (once per process and directory) when the budget exceeds what the filesystem can
         hold: its free space plus the objects already cached."""
@@ -390,6 +401,7 @@ class CacheDirectory:
             "evicted early and objects that still do not fit are read uncached; lower "
             f"cache_size to at most {size_text(free + cached)}, or point cache_dir at a larger "
             "filesystem",
+            stacklevel=3,  # the caller of CachingStore(...)
         )
 
     # ---- eviction -------------------------------------------------------------------------------
