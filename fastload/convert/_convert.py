@@ -85,7 +85,14 @@ from fastload.convert._state import (
 from fastload.convert._token_blocks import check_text_field, token_metadata
 from fastload.convert._tokenizer import TokenFn, Tokenize, TokenizerSpec, resolve_tokenizer
 from fastload.convert._worker import ShardJob
-from fastload.convert.sources import SOURCES, ConversionError, Source, Unit, open_source
+from fastload.convert.sources import (
+    SOURCES,
+    ConversionError,
+    Reporter,
+    Source,
+    Unit,
+    open_source,
+)
 from fastload.errors import InvalidArgumentError
 from fastload.formats import MANIFEST_NAME, Format, Manifest, ShardEntry, ShardInfo, get_format
 from fastload.formats._base import FORMATS, ErrorPolicy
@@ -404,7 +411,10 @@ def _plan(
             )
         skipped.append(SkippedItem(item, reason, None))
 
-    units, replay = planned_units(source, report, shuffle=shuffle, seed=seed)
+    def left_out(item: str, reason: str, duplicate_of: str | None) -> None:
+        skipped.append(SkippedItem(item, reason, None, duplicate_of))
+
+    units, replay = planned_units(source, Reporter(report, left_out), shuffle=shuffle, seed=seed)
     options: dict[str, Any] = {
         "format": format_name,
         "shard_size": shard_size,
@@ -466,7 +476,7 @@ def _finish(
     dropped = 0
     for shard in plan.shards:
         record = records[shard.name]
-        skipped.extend(SkippedItem(s["item"], s["reason"], s["shard"]) for s in record["skipped"])
+        skipped.extend(SkippedItem.from_json(s) for s in record["skipped"])
         dropped += int(record["dropped"])
         info = record["info"]
         infos.append(

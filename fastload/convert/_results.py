@@ -37,14 +37,26 @@ class SkippedItem:
         item: The item (``"cat/001.jpg"``, ``"data.jsonl:17"``, ``"train-000003.tar#12"``).
         reason: Why, as the error message said.
         shard: The shard it was planned for, or ``None`` when it was dropped while planning.
+        duplicate_of: For a duplicate (the same file as one converted, reached by another path:
+            a symbolic or hard link), the path converted instead; else ``None``.
     """
 
     item: str
     reason: str
     shard: str | None = None
+    duplicate_of: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"item": self.item, "reason": self.reason, "shard": self.shard}
+        """The skip report's record: ``duplicate_of`` only for a duplicate."""
+        out: dict[str, Any] = {"item": self.item, "reason": self.reason, "shard": self.shard}
+        if self.duplicate_of is not None:
+            out["duplicate_of"] = self.duplicate_of
+        return out
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> SkippedItem:
+        """The item a skip report's record (or a done record's) describes."""
+        return cls(doc["item"], doc["reason"], doc.get("shard"), doc.get("duplicate_of"))
 
 
 @dataclass
@@ -146,6 +158,13 @@ class ConvertResult:
         text = f"{verb} {plural(len(self.skipped), 'item')}"
         if self.skipped_report:
             text += f" (listed in {self.skipped_report})"
+        duplicates = [s for s in self.skipped if s.duplicate_of is not None]
+        if duplicates:
+            text += (
+                f", {plural(len(duplicates), 'duplicate')} of a file converted under another "
+                f"path (such as {duplicates[0].item}, the same file as "
+                f"{duplicates[0].duplicate_of})"
+            )
         if self.ignored:
             text += f"; left out {plural(self.ignored, 'file')} that " + (
                 "is not a sample" if self.ignored == 1 else "are not samples"
@@ -199,7 +218,7 @@ def result_from_manifest(
     try:
         for line in store.get(SKIPPED_KEY).decode("utf-8").splitlines():
             doc = json.loads(line)
-            skipped.append(SkippedItem(doc["item"], doc["reason"], doc.get("shard")))
+            skipped.append(SkippedItem.from_json(doc))
     except (ObjectNotFoundError, ValueError, KeyError):
         skipped = list(plan_skipped)
     return ConvertResult.for_dataset(

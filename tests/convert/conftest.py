@@ -179,6 +179,25 @@ def write_jsonl(path: Path, records: list[Any]) -> None:
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
 
 
+def kill_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str) -> tuple[str, Path]:
+    """A ``--map`` hook that SIGKILLs its worker on the sample ``key`` while a marker file exists:
+    ``(map spec, marker path)``; the marker does not exist yet."""
+    module = f"hooks_kill_{abs(hash((str(tmp_path), key))):x}"
+    (tmp_path / f"{module}.py").write_text(
+        "import os, signal\n"
+        "def kill_once(sample):\n"
+        f"    if sample['__key__'] == {key!r} and os.path.exists(\n"
+        "        os.environ['FASTLOAD_TEST_KILL_MARKER']\n"
+        "    ):\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return sample\n"
+    )
+    marker = tmp_path / "kill-marker"
+    monkeypatch.setenv("FASTLOAD_TEST_KILL_MARKER", str(marker))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return f"{module}:kill_once", marker
+
+
 class Helpers:
     """Helper functions, handed to tests as the ``cv`` fixture (conftest modules are not importable
     under ``--import-mode=importlib``)."""
@@ -188,6 +207,7 @@ class Helpers:
     tree_bytes = staticmethod(tree_bytes)
     make_image_folder = staticmethod(make_image_folder)
     write_jsonl = staticmethod(write_jsonl)
+    kill_hook = staticmethod(kill_hook)
     real_formats = staticmethod(real_formats)
     ALL_FORMATS = ALL_FORMATS
 

@@ -406,22 +406,11 @@ def test_worker_death_is_reported_and_the_rerun_resumes(
     tmp_path: Path, cv: Any, image_folder: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root, _ = image_folder
-    (tmp_path / "hooks_for_worker_death.py").write_text(
-        "import os, signal\n"
-        "def kill_once(sample):\n"
-        "    if sample['__key__'] == 'class02/im_003' and os.path.exists(\n"
-        "        os.environ['FASTLOAD_TEST_KILL_MARKER']\n"
-        "    ):\n"
-        "        os.kill(os.getpid(), signal.SIGKILL)\n"
-        "    return sample\n"
-    )
-    marker = tmp_path / "kill-marker"
-    monkeypatch.setenv("FASTLOAD_TEST_KILL_MARKER", str(marker))
-    monkeypatch.syspath_prepend(str(tmp_path))
+    hook, marker = cv.kill_hook(tmp_path, monkeypatch, "class02/im_003")
     options: dict[str, Any] = {
         "format": "webdataset",
         "shard_samples": 3,
-        "map_fn": "hooks_for_worker_death:kill_once",
+        "map_fn": hook,
         "quiet": True,
     }
     fc.convert(root, tmp_path / "ref", workers=1, **options)

@@ -2,6 +2,8 @@
 
 * :mod:`._base`: the :class:`Source` interface, :class:`Unit`, and the naming rules for keys and
   fields shared by every source.
+* :mod:`._tree`: the one walk of a tree that every source and ``fastload index`` list through:
+  symbolic links followed, each real directory and file once, loops not followed.
 * :mod:`._files`: image folders and file trees (samples of whole files).
 * :mod:`._records`: JSON Lines and text (records of files); :mod:`._tables`: CSV and Parquet.
 * :mod:`._shards`: existing shards (a fastload dataset or third-party shards).
@@ -10,6 +12,7 @@
 
 from fastload.convert.sources._base import (
     PlanReporter,
+    Reporter,
     Source,
     Unit,
     field_value_bytes,
@@ -41,6 +44,7 @@ __all__ = [
     "JsonlSource",
     "ParquetSource",
     "PlanReporter",
+    "Reporter",
     "ShardSource",
     "Source",
     "TextSource",

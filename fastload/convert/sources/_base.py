@@ -34,16 +34,19 @@ from __future__ import annotations
 import functools
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
+from fastload.convert._progress import plural
+from fastload.convert.sources._tree import Tree, visible, walk_tree
 from fastload.errors import ConversionError
-from fastload.formats.manifest import IMAGE_EXTENSIONS, MANIFEST_NAME
+from fastload.formats.manifest import IMAGE_EXTENSIONS
 from fastload.storage import ObjectMeta, Store
 
 __all__ = [
     "ItemError",
     "PlanReporter",
+    "Reporter",
     "Source",
     "Unit",
     "few",
@@ -53,14 +56,13 @@ __all__ = [
     "image_depth",
     "key_stem",
     "list_visible",
+    "report_left_out",
     "sanitize_field_name",
     "sanitize_key",
     "visible",
 ]
 
 _EXT_ALIASES = {"jpeg": "jpg"}
-#: Objects conversion writes next to a dataset; never treated as input.
-_OWN_PREFIXES = ("_fastload",)
 
 
 class Unit(NamedTuple):
@@ -82,6 +84,38 @@ class Unit(NamedTuple):
 
 #: ``report(item, reason)``: called for an item that cannot be planned; raises under ``on_error=raise``.
 PlanReporter = Callable[[str, str], None]
+
+
+class Reporter:
+    """A :data:`PlanReporter` that also hears of items left out that are no errors.
+
+    Sources call :func:`report_left_out` for those (a duplicate of a file converted under
+    another path, a symbolic link loop not followed): a :class:`Reporter` passes them to
+    ``left_out`` (the conversion lists them in the skip report, whatever ``on_error`` says);
+    a plain reporter function does not hear of them.
+
+    Args:
+        error: Called for item errors (may raise).
+        left_out: Called as ``left_out(item, reason, duplicate_of)``; ``duplicate_of`` is the
+            path converted instead, for a duplicate, else ``None``. Never raises.
+    """
+
+    def __init__(
+        self, error: PlanReporter, left_out: Callable[[str, str, str | None], None]
+    ) -> None:
+        self._error = error
+        self.left_out = left_out
+
+    def __call__(self, item: str, reason: str) -> None:
+        self._error(item, reason)
+
+
+def report_left_out(
+    report: PlanReporter, item: str, reason: str, duplicate_of: str | None = None
+) -> None:
+    """Report an item left out that is no error (see :class:`Reporter`)."""
+    if isinstance(report, Reporter):
+        report.left_out(item, reason, duplicate_of)
 
 
 ItemError = ConversionError
@@ -160,16 +194,6 @@ def few(names: Sequence[str], shown: int = 5) -> str:
     return text + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
-def visible(key: str) -> bool:
-    """Whether ``key`` is input: no hidden path segment, not the manifest nor our own objects."""
-    parts = key.split("/")
-    if any(p.startswith(".") for p in parts):
-        return False
-    return not (
-        len(parts) == 1 and (parts[0] == MANIFEST_NAME or parts[0].startswith(_OWN_PREFIXES))
-    )
-
-
 class Source(ABC):
     """A corpus to convert: enumerates units up front, reads them back in workers.
 
@@ -191,6 +215,7 @@ class Source(ABC):
         self.options = dict(options)
         self._metadata: dict[str, Any] = {}
         self._listing: list[ObjectMeta] | None = None
+        self._tree: Tree | None = None
         #: What the user should know about the corpus (how it was detected, files left out);
         #: filled by :func:`open_source` and :meth:`plan_units`, printed by ``convert``.
         self.warnings: list[str] = []
@@ -198,14 +223,69 @@ class Source(ABC):
         #: ``README.txt``), known after :meth:`plan_units`.
         self.ignored: list[str] = []
 
-    def listing(self) -> list[ObjectMeta]:
-        """The visible objects of the corpus, sorted by key (listed once, then cached)."""
-        if self._listing is None:
-            if self.keys is not None:
+    def listing(self, report: PlanReporter | None = None) -> list[ObjectMeta]:
+        """The visible objects of the corpus, sorted by key, each file once (listed once, then
+        cached; see :func:`~fastload.convert.sources._tree.walk_tree` for symbolic links).
+
+        With ``report`` (a :meth:`plan_units` calls it so), what the walk left out is reported
+        too: the loops and repeated directories not followed and the duplicate paths of a file
+        (not errors), and the dangling links (item errors).
+        """
+        if self.keys is not None:
+            if self._listing is None:
                 self._listing = [self.store.head(k) for k in self.keys]
-            else:
-                self._listing = list_visible(self.store)
+            return self._listing
+        tree = self._walked()
+        if self._listing is None:
+            self._listing = tree.unique()
+        if report is not None:
+            self._report_tree(tree, report, tree.duplicate_of)
         return self._listing
+
+    def tree(self) -> Tree | None:
+        """The walk of the corpus's tree (every path, duplicates included), or ``None`` when the
+        corpus is a given list of objects."""
+        return None if self.keys is not None else self._walked()
+
+    def _walked(self) -> Tree:
+        tree = self._tree
+        if tree is None:
+            tree = walk_tree(self.store)
+            self.adopt_tree(tree)
+        return tree
+
+    def adopt_tree(self, tree: Tree) -> None:
+        """Use ``tree``, the walk of the store already made (by source detection)."""
+        self._tree = tree
+        self._listing = None
+        for text in tree.warnings():
+            self._warn(text)
+
+    def _report_tree(self, tree: Tree, report: PlanReporter, duplicates: Mapping[str, str]) -> None:
+        """Report what the walk of ``tree`` left out, by path: its notes and ``duplicates``
+        (path → the path converted instead), which a warning also names."""
+        if duplicates:
+            named = ", ".join(
+                f"{k} (the same file as {v})" for k, v in list(duplicates.items())[:3]
+            )
+            more = f" and {len(duplicates) - 3} more" if len(duplicates) > 3 else ""
+            self._warn(
+                f"{self.store.url} reaches {plural(len(duplicates), 'file')} by a second path "
+                "(symbolic or hard links): each file is converted once, under its own path in "
+                f"the source, else the first in sorted order; left out: {named}{more}"
+            )
+        items: list[tuple[str, str, bool, str | None]] = [
+            (n.item, n.reason, n.error, None) for n in tree.notes
+        ]
+        items.extend(
+            (key, tree.duplicate_reason(key, first), False, first)
+            for key, first in duplicates.items()
+        )
+        for item, reason, error, first in sorted(items, key=lambda t: t[0]):
+            if error:
+                report(item, reason)
+            else:
+                report_left_out(report, item, reason, first)
 
     def _warn(self, text: str) -> None:
         if text not in self.warnings:  # planning twice says it once
@@ -214,7 +294,7 @@ class Source(ABC):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         # Workers never need these; keep task pickles small.
-        state["_listing"], state["warnings"], state["ignored"] = None, [], []
+        state["_listing"], state["_tree"], state["warnings"], state["ignored"] = None, None, [], []
         return state
 
     @property
@@ -230,7 +310,9 @@ class Source(ABC):
         """Every sample of the corpus as a :class:`Unit`, in a deterministic order.
 
         Items that cannot even be planned (a file with the wrong columns, a key collision) go to
-        ``report(item, reason)``, which raises under ``on_error=raise``. A :attr:`replannable`
+        ``report(item, reason)``, which raises under ``on_error=raise``; items left out that are
+        no errors (duplicates, links not followed) go to :func:`report_left_out`. Sources that
+        list a tree call :meth:`listing` with ``report``, which reports what the walk left out. A :attr:`replannable`
         source yields the units as it enumerates them, the same ones on every run while the
         corpus is unchanged. :meth:`describe` is final when this returns (before its units are
         consumed): it heads the plan's hash.
@@ -256,5 +338,7 @@ class Source(ABC):
 
 
 def list_visible(store: Store) -> list[ObjectMeta]:
-    """Every visible object of ``store`` (no hidden path segment, not our own state), sorted."""
-    return [m for m in store.list("") if visible(m.key)]
+    """Every visible object of ``store`` (no hidden path segment, not our own state), sorted,
+    each file once (symbolic links followed, loops not: see
+    :func:`~fastload.convert.sources._tree.walk_tree`)."""
+    return walk_tree(store).unique()

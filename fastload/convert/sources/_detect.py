@@ -24,6 +24,7 @@ from fastload.convert.sources._files import FileTreeSource, ImageFolderSource
 from fastload.convert.sources._records import JsonlSource, TextSource
 from fastload.convert.sources._shards import ShardSource
 from fastload.convert.sources._tables import CsvSource, ParquetSource
+from fastload.convert.sources._tree import walk_tree
 from fastload.errors import InvalidArgumentError, ObjectNotFoundError
 from fastload.formats._base import FORMATS
 from fastload.formats._names import ShardNames
@@ -212,7 +213,8 @@ def open_source(
                 raise ObjectNotFoundError(f"conversion source {text} does not exist", url=text)
         else:
             store = open_store(text, **options)
-    listing = list_visible(store) if keys is None else None
+    tree = walk_tree(store) if keys is None else None
+    listing = tree.unique() if tree is not None else None
     warnings: list[str] = []
     if source_type:
         name = source_type
@@ -225,6 +227,7 @@ def open_source(
         # The source type names a format (``--source-type wds``): the shards' format.
         extra["format"] = FORMATS.canonical(name)
     source: Source = cls(store, keys, **extra)
-    source._listing = listing
+    if tree is not None:
+        source.adopt_tree(tree)
     source.warnings.extend(warnings)
     return source

@@ -60,7 +60,7 @@ class ImageFolderSource(_FileSource):
     type_name = "imagefolder"
 
     def plan_units(self, report: PlanReporter) -> list[Unit]:
-        entries = self.listing()
+        entries = self.listing(report)
         has_images = any(image_depth(m.key) == 1 for m in entries)
         candidates = [
             m for m in entries if not has_images or file_extension(m.key) in IMAGE_EXTENSIONS
@@ -109,42 +109,68 @@ class FileTreeSource(_FileSource):
     ``a/b/x.jpg`` + ``a/b/x.json`` → key ``a/b/x`` with fields ``jpg`` and ``json``. The extension is
     the part after the **last** dot, lower-cased (``jpeg`` → ``jpg``); dots left in the file stem
     become ``_`` in the key. Two files giving the same key and field, files without an
-    extension and empty image files are errors (skippable).
+    extension and empty image files are errors (skippable). A sample made of the same files as
+    an earlier one (reached through symbolic or hard links) is a duplicate, left out and
+    reported; a file shared by samples that differ otherwise stays in each.
     """
 
     type_name = "files"
 
     def plan_units(self, report: PlanReporter) -> list[Unit]:
+        tree = self.tree()
+        same = tree.duplicate_of if tree is not None else {}
+        objects = tree.objects if tree is not None else self.listing(report)
         groups: dict[str, dict[str, str]] = {}
         sizes: dict[str, int] = {}
-        for meta in self.listing():
+        errors: list[tuple[str, str]] = []
+        for meta in objects:
             ext = file_extension(meta.key)
             if not ext:
-                report(meta.key, "has no file extension to name its field")
+                errors.append((meta.key, "has no file extension to name its field"))
                 continue
             if meta.size == 0 and ext in IMAGE_EXTENSIONS:
-                report(meta.key, "is an empty image file (0 bytes)")
+                errors.append((meta.key, "is an empty image file (0 bytes)"))
                 continue
             field = field_from_extension(ext)
             key = sanitize_key(key_stem(meta.key))
             fields = groups.setdefault(key, {})
             if field in fields:
-                report(
-                    meta.key,
-                    f"maps to sample key {key!r} field {field!r}, already taken by "
-                    f"{fields[field]!r}",
-                )
+                taken = f"already taken by {fields[field]!r}"
+                errors.append((meta.key, f"maps to sample key {key!r} field {field!r}, {taken}"))
                 continue
             try:
                 validate_field_name(field)
             except InvalidArgumentError as exc:
-                report(meta.key, str(exc))
+                errors.append((meta.key, str(exc)))
                 continue
             fields[field] = meta.key
             sizes[key] = sizes.get(key, 0) + meta.size
+        # A sample made of the same files as another is a duplicate: the one kept is made of the
+        # files' kept paths (their own paths inside the root), else the first in sorted order.
+        # A file shared by samples that differ otherwise (a sidecar linked beside several
+        # images) stays in each.
+        samples = {key: tuple(sorted(fields.items())) for key, fields in groups.items() if fields}
+        kept: dict[tuple[tuple[str, str], ...], str] = {}
+        if same:
+            for key in sorted(samples):
+                made_of = tuple((f, same.get(path, path)) for f, path in samples[key])
+                if made_of not in kept or not any(path in same for _, path in samples[key]):
+                    kept[made_of] = key  # the first, or the one of the files' own paths
+        duplicates: dict[str, str] = {}
         units = []
-        for key in sorted(groups):
-            files = tuple(sorted(groups[key].items()))
-            if files:
-                units.append(Unit(files[0][1], (key, None, files), sizes[key], len(files)))
+        for key in sorted(samples):
+            files = samples[key]
+            if same:
+                first = kept[tuple((f, same.get(path, path)) for f, path in files)]
+                if first != key:
+                    theirs = dict(samples[first])
+                    duplicates.update((path, theirs[f]) for f, path in files)
+                    continue
+            units.append(Unit(files[0][1], (key, None, files), sizes[key], len(files)))
+        # What the walk left out first, sorted by path (as every source reports it), then the
+        # files that make no sample, in sorted order.
+        if tree is not None:
+            self._report_tree(tree, report, duplicates)
+        for item, reason in errors:
+            report(item, reason)
         return units

@@ -130,7 +130,7 @@ class _LineSource(RecordSource):
         return True
 
     def plan_units(self, report: PlanReporter) -> Iterator[Unit]:
-        for meta in self.listing():
+        for meta in self.listing(report):
             try:
                 for n, offset, length in _lines(self.store, meta.key):
                     yield Unit(f"{meta.key}:{n + 1}", (meta.key, 0, n, offset, length), length)

@@ -83,7 +83,7 @@ class ShardSource(RecordSource):
         out: list[tuple[str, int | None, int | None]] = []
         formats: set[str] = set()
         names = ShardNames.from_registry()
-        for meta in self.listing():
+        for meta in self.listing(report):
             fmt = names.format_of(meta.key)
             if fmt is None:
                 continue

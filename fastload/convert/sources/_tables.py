@@ -78,7 +78,7 @@ class CsvSource(_TableSource):
 
     def plan_units(self, report: PlanReporter) -> Iterator[Unit]:
         first: list[str] | None = None
-        for meta in self.listing():
+        for meta in self.listing(report):
             try:
                 names = list(self._open(meta.key, None).schema.names)
                 if not self._check_columns(meta.key, names, first, report):
@@ -143,7 +143,7 @@ class ParquetSource(_TableSource):
 
     def plan_units(self, report: PlanReporter) -> Iterator[Unit]:
         first: list[str] | None = None
-        for meta in self.listing():
+        for meta in self.listing(report):
             try:
                 pf = self._file(meta.key)
                 names = list(pf.schema_arrow.names)

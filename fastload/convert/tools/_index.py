@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastload._version import __version__
-from fastload.convert.sources._base import visible
+from fastload.convert.sources._tree import Tree, walk_tree
 from fastload.convert.tools._common import (
     Grouping,
     Progress,
@@ -59,6 +59,9 @@ class IndexResult:
         warnings: Observations worth a look (e.g. samples with different field sets).
         unindexed: Compressed shards (``.tar.gz``, ``.tgz``, ``.tfrecord.gz``, ...): listed in the
             manifest without an index, because they are read in order only.
+        duplicates: Paths that reach a shard listed under another path (a symbolic or hard
+            link): path → the path listed. Each file is listed once (see
+            ``fastload/convert/README.md``, *Symbolic links and hard links*).
     """
 
     url: str
@@ -69,6 +72,7 @@ class IndexResult:
     ignored: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     unindexed: list[str] = field(default_factory=list)
+    duplicates: dict[str, str] = field(default_factory=dict)
 
     def note_unindexed(self) -> None:
         """Add the warning about compressed shards to :attr:`warnings` (once)."""
@@ -167,6 +171,25 @@ def _write_index(store: Store, fmt: Format, key: str, result: IndexResult) -> st
     return index_key
 
 
+def _note_links(result: IndexResult, tree: Tree, shards: set[str]) -> None:
+    """Name what the walk of the tree left out: directory links not followed, dangling links,
+    and the second paths of the shards (:attr:`IndexResult.duplicates`)."""
+    result.warnings.extend(tree.warnings())
+    result.duplicates = {
+        k: v for k, v in tree.duplicate_of.items() if v in shards and not k.endswith(".idx")
+    }
+    if result.duplicates:
+        named = ", ".join(
+            f"{k} (the same file as {v})" for k, v in list(result.duplicates.items())[:3]
+        )
+        more = f" and {len(result.duplicates) - 3} more" if len(result.duplicates) > 3 else ""
+        result.warnings.append(
+            f"{result.url} reaches {len(result.duplicates)} shard file(s) by a second path "
+            "(symbolic or hard links): each is listed once, under its own path in the directory, "
+            f"else the first in sorted order; not listed again: {named}{more}"
+        )
+
+
 def index_dataset(
     url: str | os.PathLike[str] | Store,
     *,
@@ -180,7 +203,9 @@ def index_dataset(
     With a ``fastload.json``: every listed shard gets its index rebuilt (written only when it
     changed); the manifest is rewritten if an index entry changed. Without one: every visible
     object whose first bytes match a format (``format`` forces one) is a shard; all must be of one
-    format. Each is indexed, hashed and read to count samples and fields, and a manifest listing
+    format. A local directory is listed as conversion sources are: symbolic links followed, each
+    real directory and file once (a second path to a shard is in
+    :attr:`IndexResult.duplicates`; loops, links not followed and dangling links are warnings). Each is indexed, hashed and read to count samples and fields, and a manifest listing
     them in key order is written (``created_by.tool = "fastload index"``). Objects that are not
     shards are left alone and listed in :attr:`IndexResult.ignored`.
 
@@ -221,9 +246,10 @@ def index_dataset(
     shards: list[tuple[str, str]] = []
     ignored: list[str] = []
     names = ShardNames.from_registry()
-    for meta in store.list(""):
+    tree = walk_tree(store)
+    for meta in tree.unique():
         key = meta.key
-        if not visible(key) or key.endswith(".idx"):
+        if key.endswith(".idx"):
             continue
         found = _detect_format(store, key, names)
         if found is None or (wanted is not None and found != wanted):
@@ -247,6 +273,7 @@ def index_dataset(
         )
     fmt = get_format(kinds[0])
     result = IndexResult(store.url, fmt.name, ignored=ignored)
+    _note_links(result, tree, {k for k, _ in shards})
     grouping = Grouping()
     counted: list[tuple[str, str, int, int]] = []  # key, sha256, size, samples
     fields: list[dict[str, int]] = []
