@@ -81,8 +81,8 @@ def mix(
         sources: ``{source: weight}`` (or ``[(source, weight), ...]`` to mix the same dataset
             twice). Sources are all sample datasets (:func:`fastload.open_dataset` results, used
             as they are, or URLs, opened with ``open_dataset(url, seed=seed)``), or all token
-            sources (:class:`~fastload.loader._token_source.TokenSource`, e.g. from the token
-            loader's opener, with one ``seq_len``). Weights are positive numbers; only their
+            sources (:class:`~fastload.loader._token_source.TokenSource`, e.g. from
+            :func:`fastload.open_tokens`, with one ``seq_len``). Weights are positive numbers; only their
             ratios matter; floats count as the decimals they print as (``0.7`` is 7/10).
         seed: The seed URLs are opened with; for sample mixes also the seed of each delivery's
             augmentation (``"__rng_seed__"``) and of the workers' global generators.
@@ -100,7 +100,7 @@ def mix(
     Raises:
         InvalidArgumentError: No sources, a weight that is not positive, a weight too small for
             the window, sample datasets mixed with token sources, a URL of a token dataset
-            (open it with the token loader's opener and mix the token source), sources that
+            (open it with :func:`fastload.open_tokens` and mix the token source), sources that
             cannot be collated together (other ``fields``, ``on_error``, ``seq_len``).
 
     Warns:
@@ -134,8 +134,10 @@ def mix(
             source = open_dataset(source, seed=seed)
             if METADATA_KEY in source.manifest.metadata:
                 raise InvalidArgumentError(
-                    f"{source.url} is a token dataset: open it with the token loader's opener "
-                    "(with its seq_len) and mix the token sources"
+                    f"{source.url} is a token dataset: open each token dataset with "
+                    f"fastload.open_tokens(url, seq_len=..., seed=...) and mix those, e.g. "
+                    f"fastload.mix({{fastload.open_tokens({str(source.url)!r}, seq_len=2048): "
+                    "0.7, ...}})"
                 )
         elif not isinstance(source, Dataset):
             raise InvalidArgumentError(

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from typing import Any, Literal
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from fastload._units import check_int
@@ -136,6 +137,9 @@ class TokenLoader:
         )
         self.partition = Partition(len(source), self.world_size, self.batch_size, self.drop_last)
         self._cursor = EpochCursor(source, self.partition, what="TokenLoader")
+        # A mix's sources, for the per-source counts of stats() (none for a plain source).
+        self._source_names: tuple[str, ...] = tuple(getattr(source, "names", ()))
+        self._source_sequences = np.zeros(len(self._source_names), dtype=np.int64)
 
     # ---- epochs and state ---------------------------------------------------------------------
 
@@ -177,16 +181,21 @@ class TokenLoader:
 
     def stats(self) -> dict[str, float | int]:
         """Counters as :meth:`fastload.DataLoader.stats` (``samples`` are sequences, ``bytes``
-        the delivered id arrays' bytes) plus ``tokens`` (input ids delivered) and ``tokens_per_s``."""
+        the delivered id arrays' bytes) plus ``tokens`` (input ids delivered) and ``tokens_per_s``;
+        a mix (:func:`fastload.mix`) adds ``samples[<source name>]``: sequences delivered per
+        source on this rank (padding rows not counted)."""
         report = self._cursor.report()
         report["tokens"] = int(report["samples"]) * self.source.seq_len
         elapsed = float(report["elapsed_s"])
         report["tokens_per_s"] = report["tokens"] / elapsed if elapsed > 0 else 0.0
+        for name, n in zip(self._source_names, self._source_sequences.tolist(), strict=True):
+            report[f"samples[{name}]"] = n
         return report
 
     def reset_stats(self) -> None:
         """Zero the counters."""
         self._cursor.reset_stats()
+        self._source_sequences[:] = 0
 
     # ---- iteration ----------------------------------------------------------------------------
 
@@ -194,15 +203,21 @@ class TokenLoader:
         epoch, start, _ = self._cursor.begin()
         return self._run(epoch, start)
 
-    def _read(self, epoch: int, step: int) -> tuple[dict[str, Any], int, int]:
-        """The batch of global ``step`` on this rank, its padded rows and its ids' bytes."""
+    def _read(
+        self, epoch: int, step: int
+    ) -> tuple[dict[str, Any], int, int, npt.NDArray[np.int64] | None]:
+        """The batch of global ``step`` on this rank, its padded rows, its ids' bytes and, for a
+        mix, the rows (not padding) of each source."""
         positions, pad = self.partition.positions(step, self.rank)
         with_starts = self.boundaries is not None
         if self._widen is not None and self._np_dtype is not None:
             batch = self._widen(self._np_dtype, epoch, positions, with_starts=with_starts)
         else:
             batch = self.source.sequences(epoch, positions, with_starts=with_starts)
-        return self._tensors(batch), int(pad.sum()), batch.tokens.nbytes
+        per_source = None
+        if batch.sources is not None and self._source_names:
+            per_source = np.bincount(batch.sources[~pad], minlength=len(self._source_names))
+        return self._tensors(batch), int(pad.sum()), batch.tokens.nbytes, per_source
 
     def _run(self, epoch: int, start: int) -> Iterator[dict[str, Any]]:
         cursor = self._cursor
@@ -213,12 +228,14 @@ class TokenLoader:
         try:
             for step in steps:
                 t0 = time.perf_counter()
-                out, padded, nbytes = (
+                out, padded, nbytes, per_source = (
                     next(batches) if batches is not None else self._read(epoch, step)
                 )
                 now = time.perf_counter()
                 stats.stall += now - t0
                 stats.add(size=len(out["input_ids"]), nbytes=nbytes, padded=padded, skipped=0)
+                if per_source is not None:
+                    self._source_sequences += per_source
                 stats.elapsed += now - began
                 began = now
                 cursor.reached(epoch, step + 1)

@@ -190,7 +190,10 @@ def test_a_token_dataset_url_is_sent_to_the_token_opener(
     store = fastload.open_store(root)
     manifest = read_manifest(store)
     write_manifest(store, dataclasses.replace(manifest, metadata={"tokens": {"layout": 1}}))
-    with pytest.raises(InvalidArgumentError, match="is a token dataset: open it with the token"):
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"is a token dataset: open each token dataset with fastload\.open_tokens",
+    ):
         fastload.mix({root: 1})
 
 

@@ -244,7 +244,32 @@ def test_real_token_datasets_mixed_through_the_token_loader(token_roots: tuple[s
         for k in range(len(got) // n):
             own = source.sequences(k, np.arange(n)).tokens[:, 0].tolist()
             assert sorted(got[k * n : (k + 1) * n]) == sorted(own)
-    assert loader.stats()["samples"] == 96
+    report = loader.stats()
+    assert report["samples"] == 96
+    assert (report[f"samples[{a.url}]"], report[f"samples[{b.url}]"]) == (64, 32)
+    loader.reset_stats()
+    assert loader.stats()[f"samples[{a.url}]"] == 0
+
+
+def test_token_mix_counts_per_source_leave_out_padding(token_roots: tuple[str, str]) -> None:
+    a = open_tokens(token_roots[0], 8, seed=1, window=4)
+    b = open_tokens(token_roots[1], 8, seed=2, window=4)
+    mixed = fastload.mix({a: 2, b: 1}, epoch_size=21)  # 2 ranks of 6: the last step is padded
+    rows, counts = 0, np.zeros(2, dtype=np.int64)
+    for rank in (0, 1):
+        loader = TokenLoader(mixed, 6, rank=rank, world_size=2)
+        rows += sum(len(batch["input_ids"]) for batch in loader)
+        report = loader.stats()
+        counts += [report[f"samples[{a.url}]"], report[f"samples[{b.url}]"]]
+        own = report[f"samples[{a.url}]"] + report[f"samples[{b.url}]"]
+        assert own == report["samples"] - report["padded"]
+    assert rows == 22  # 21 sequences and one padding row
+    assert counts.tolist() == [14, 7]
+
+
+def test_a_token_dataset_url_in_a_mix_names_open_tokens(token_roots: tuple[str, str]) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"fastload\.open_tokens\(url, seq_len="):
+        fastload.mix({token_roots[0]: 0.7, token_roots[1]: 0.3}, seed=0)
 
 
 def test_real_token_mix_resumes_at_every_step_elastic(token_roots: tuple[str, str]) -> None:
