@@ -237,7 +237,9 @@ class CacheDirectory:
 
     # ---- the budget -----------------------------------------------------------------------------
 
-    def reserve(self, entry: str, size: int, *, url: str, reclaim: int = 0) -> Reservation:
+    def reserve(
+        self, entry: str, size: int, *, url: str, reclaim: int = 0, code: int = errno.ENOSPC
+    ) -> Reservation:
         """Make room for ``size`` bytes, in the budget and on the filesystem, and create the
         fill's temporary file at that size.
 
@@ -253,6 +255,7 @@ class CacheDirectory:
             reclaim: Evict objects holding at least this many bytes even if the filesystem
                 seems to have room (after a write found none: a quota, or another program
                 filling the disk).
+            code: The errno a :class:`CacheFullError` carries (that of the failed write).
 
         Raises:
             CacheFullError: The filesystem has no room for the object even after evicting every
@@ -276,7 +279,7 @@ class CacheDirectory:
                             self.max_bytes,
                             ROOM_WAIT_S,
                         )
-                    disk_evicted = self._make_disk_room(size, url, reclaim)
+                    disk_evicted = self._make_disk_room(size, url, reclaim, code)
                     # Reserve under the same hold of the lock that made the room.
                     try:
                         fd, tmp = tempfile.mkstemp(
@@ -323,7 +326,7 @@ class CacheDirectory:
         block = os.statvfs(self.path).f_frsize or 4096
         return -(-size // block) * block + block
 
-    def _make_disk_room(self, size: int, url: str, reclaim: int) -> int:
+    def _make_disk_room(self, size: int, url: str, reclaim: int, code: int) -> int:
         """Evict least recently used objects until the filesystem has room for ``size`` more
         bytes (and at least ``reclaim`` bytes of objects are gone); return how many were evicted.
         The caller holds the eviction lock.
@@ -345,7 +348,7 @@ class CacheDirectory:
                 freed += nbytes
                 room = self.free_bytes() - unwritten
         if room < need or (reclaim > 0 and freed == 0):
-            raise self.full_error(url, size, errno.ENOSPC, room=max(0, room), evicted=evicted)
+            raise self.full_error(url, size, code, room=max(0, room), evicted=evicted)
         return evicted
 
     def full_error(
@@ -367,7 +370,8 @@ class CacheDirectory:
             f"{size_text(free)} free{gone} ({os.strerror(code)}), while the cache's budget "
             f"(cache_size) is {size_text(self.max_bytes)} and it holds {size_text(cached)}; "
             f"lower cache_size to at most {size_text(free + cached)}, free space on that "
-            "filesystem, or point cache_dir at a larger one",
+            f"filesystem{' (or raise your disk quota there)' if code == errno.EDQUOT else ''}, "
+            "or point cache_dir at a larger one",
             url=url,
             cache_dir=self.path,
             code=code,

@@ -9,6 +9,7 @@ for the layout and the budget.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Callable
 
@@ -67,8 +68,9 @@ def fill(
     buf = memoryview(bytearray(FILL_BUFFER))
     copies = 0  # copies made (the object may change during one)
     reclaim = 0  # bytes to evict beyond what the free space asks for (after a write found none)
+    code = errno.ENOSPC  # the errno of the write that found no room
     while True:
-        room = disk.reserve(entry, meta.size, url=where, reclaim=reclaim)
+        room = disk.reserve(entry, meta.size, url=where, reclaim=reclaim, code=code)
         count("evictions", room.evicted + room.disk_evicted)
         count("disk_full_evictions", room.disk_evicted)
         tmp = room.path
@@ -109,7 +111,7 @@ def fill(
                 raise
             if reclaim:  # evicted for it already, and still no room
                 raise disk.full_error(where, meta.size, exc.errno) from exc
-            reclaim = meta.size  # the free space said there was room: make some anyway, retry
+            reclaim, code = meta.size, exc.errno  # the free space said there was room: retry
             continue
         except BaseException:
             _discard(tmp, disk.meta_path(entry) if described else None, path)

@@ -325,6 +325,40 @@ def test_a_write_with_nothing_left_to_evict_reads_uncached_and_leaves_nothing(
     assert_nothing_partial(fs / "cache", remote)
 
 
+def test_a_spent_quota_evicts_once_then_reads_uncached_naming_the_quota(
+    remote: LocalStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``EDQUOT`` (invisible to ``statvfs``): the fill evicts at least the object's size, copies
+    once more, and when that finds no room either, the object is read uncached and the error
+    carries ``EDQUOT``. (A stand-in: the quota is simulated at the write; no mount needed.)"""
+    from fastload.storage import _cache_fill
+
+    cache = quiet_cache(remote, tmp_path / "cache")
+    for i in range(3):
+        cache.get(f"obj-{i}")
+    real = _cache_fill._download
+    calls = []
+
+    def over_quota(*args: Any) -> Any:
+        calls.append(args[1])
+        if args[1] == "obj-7":
+            real(*args)  # written, then refused: the copy must not stay
+            raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+        return real(*args)
+
+    monkeypatch.setattr(_cache_fill, "_download", over_quota)
+    with pytest.warns(CacheSpaceWarning, match="Disk quota exceeded.*raise your disk quota"):
+        assert cache.get("obj-7") == bytes([7]) * 20_000
+    assert calls.count("obj-7") == 2  # copied, evicted for it, copied again
+    with pytest.raises(CacheFullError) as raised:
+        cache.local_path("obj-7")
+    assert raised.value.errno == errno.EDQUOT
+    stats = cache.stats()
+    assert stats["disk_full_evictions"] >= 1  # at least 20 kB of objects went for the retry
+    assert stats["disk_full_uncached"] == 1
+    assert_nothing_partial(tmp_path / "cache", remote)
+
+
 def test_a_completely_full_disk_reads_uncached_and_never_kills_the_process(
     remote: LocalStore, small_fs: Callable[[int], Path]
 ) -> None:
