@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import re
 import threading
 import uuid
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from fastload.errors import (
     InvalidArgumentError,
     MissingDependencyError,
     ObjectNotFoundError,
+    StoreAuthError,
     StoreError,
     StorePermissionError,
     TransientStoreError,
@@ -39,6 +41,28 @@ from fastload.storage._keys import prefix_directory, validate_key, validate_pref
 from fastload.storage._local_temp import TMP_PREFIX
 
 __all__ = ["HDFSStore"]
+
+#: ``RPCError("org.apache...SomeException", "message\\n\\tat ...")`` as hdfs-native formats it.
+_RPC_ERROR = re.compile(r'RPCError\(\s*"([\w.$]+)",\s*"(.*)', re.DOTALL)
+#: DataNodes named in a DataTransferError: ``ip_addr: "127.0.0.1", ... xfer_port: 9866``.
+_DATANODE = re.compile(r'ip_addr: \\?"([^"\\]+)\\?".*?xfer_port: (\d+)', re.DOTALL)
+#: NameNode exceptions that mean "not now": a retry may succeed.
+_RETRIABLE_RPC = frozenset(
+    {
+        "SafeModeException",
+        "StandbyException",
+        "RetriableException",
+        "ObserverRetryOnActiveException",
+        "NotReplicatedYetException",
+    }
+)
+
+
+def _first_line(message: str) -> str:
+    """``message`` up to its first line break (real or escaped): a NameNode exception's text
+    without the Java stack trace, at most 500 characters."""
+    line = re.split(r"\n|\\n", message, maxsplit=1)[0].strip().rstrip('")').strip()
+    return line[:500]
 
 
 class _HDFSWriter(ObjectWriter):
@@ -188,18 +212,61 @@ class HDFSStore(Store):
         if isinstance(exc, IsADirectoryError):
             return ObjectNotFoundError(f"no object {where} (it is a directory)", url=where)
         if isinstance(exc, PermissionError):
-            return StorePermissionError(
-                f"HDFS denied access to {where}: {exc}; check the path's owner, mode and ACLs, "
-                "and the user or Kerberos principal fastload runs as",
-                url=where,
-            )
+            return self._denied(where, str(exc))
         if isinstance(exc, (ConnectionError, TimeoutError, OSError)):
             return TransientStoreError(
                 f"cannot reach the HDFS NameNode or DataNodes for {where}: {exc}; check that the "
                 f"cluster {self._cluster} is up and reachable from this host",
                 url=where,
             )
+        if isinstance(exc, RuntimeError):  # hdfs-native's other errors: "Kind(details)"
+            return self._translate_client_error(str(exc), where)
         return StoreError(f"HDFS error on {where}: {type(exc).__name__}: {exc}", url=where)
+
+    def _denied(self, where: str, detail: str) -> StorePermissionError:
+        return StorePermissionError(
+            f"HDFS denied access to {where}: {detail}; check the path's owner, mode and ACLs, "
+            "and the user (HADOOP_USER_NAME) or Kerberos principal fastload runs as",
+            url=where,
+        )
+
+    def _translate_client_error(self, text: str, where: str) -> StoreError:
+        """The error for one of ``hdfs-native``'s errors that reach Python as ``RuntimeError``
+        with its Rust form as the message: ``RPCError("java.Class", "message")`` for an exception
+        the NameNode raised, ``DataTransferError(...)`` when no DataNode holding a block answered,
+        ``SASLError``/``GSSAPIError`` for authentication."""
+        kind = text.split("(", 1)[0].strip()
+        if kind == "RPCError":
+            match = _RPC_ERROR.match(text)
+            java_class, message = (match.group(1), match.group(2)) if match else ("", text)
+            name = java_class.rsplit(".", 1)[-1]
+            message = _first_line(message)
+            if name == "AccessControlException":
+                return self._denied(where, message)
+            if name == "FileNotFoundException":
+                return ObjectNotFoundError(f"no object {where}", url=where)
+            if name in _RETRIABLE_RPC:
+                return TransientStoreError(
+                    f"the HDFS NameNode of {self._cluster} cannot serve {where} now ({name}: "
+                    f"{message}); it is starting, in safe mode or not the active one, retry later",
+                    url=where,
+                )
+            return StoreError(f"HDFS NameNode error on {where}: {name}: {message}", url=where)
+        if kind in ("DataTransferError", "BlocksNotFound"):
+            nodes = sorted(set(_DATANODE.findall(text)))
+            held = f" (tried {', '.join(f'{ip}:{port}' for ip, port in nodes)})" if nodes else ""
+            return TransientStoreError(
+                f"no HDFS DataNode holding a block of {where} answered{held}; check that the "
+                f"DataNodes of {self._cluster} are up and reachable from this host",
+                url=where,
+            )
+        if kind in ("SASLError", "GSSAPIError", "NoSASLMechanism"):
+            return StoreAuthError(
+                f"HDFS authentication failed for {where}: {_first_line(text)}; for Kerberos, "
+                "check the ticket cache (klist) or pass kerberos_principal and kerberos_keytab",
+                url=where,
+            )
+        return StoreError(f"HDFS error on {where}: {_first_line(text)}", url=where)
 
     # ---- Store API --------------------------------------------------------------------------
 

@@ -27,11 +27,16 @@ import fastload
 from fastload.errors import (
     InvalidArgumentError,
     MissingDependencyError,
+    ObjectNotFoundError,
+    StoreAuthError,
+    StoreError,
+    StorePermissionError,
     StoreUnavailableError,
     TransientStoreError,
 )
-from fastload.storage import Store
+from fastload.storage import ByteRange, Store
 from fastload.storage._hdfs import HDFSStore
+from fastload.storage._local_temp import TMP_PREFIX
 from fastload.testing.hdfs import HDFSCluster, hdfs_cluster, scratch_url
 from fastload.testing.store import StoreTests
 
@@ -140,3 +145,126 @@ if HDFS_URL:  # another cluster: the same suite
 
         def read_only_view(self, store: Store) -> Store:
             return HDFSStore(store.url, read_only=True)
+
+
+# ---- what a real cluster adds ------------------------------------------------------------------
+
+
+def test_objects_span_blocks_and_are_replicated(hdfs_cluster: HDFSCluster) -> None:
+    import hdfs_native
+
+    store = HDFSStore(scratch_url(hdfs_cluster, "blocks"))
+    data = os.urandom(3 * 1024 * 1024 + 7)  # four 1 MiB blocks
+    store.put("big.bin", data)
+    status = hdfs_native.Client(hdfs_cluster.url).get_file_info(store._path("big.bin"))
+    assert (status.length, status.blocksize, status.replication) == (len(data), 1024 * 1024, 2)
+    edge = 1024 * 1024
+    assert store.get("big.bin", ByteRange(edge - 5, edge + 5)) == data[edge - 5 : edge + 5]
+    spans = [
+        ByteRange(0, 1),
+        ByteRange(edge - 1, 3 * edge + 1),
+        ByteRange(len(data) - 3, len(data)),
+    ]
+    assert store.get_ranges("big.bin", spans) == [data[r.start : r.end] for r in spans]
+    store.delete("big.bin")
+
+
+def test_an_open_writer_is_invisible_and_an_aborted_one_leaves_nothing(
+    hdfs_cluster: HDFSCluster,
+) -> None:
+    import hdfs_native
+
+    store = HDFSStore(scratch_url(hdfs_cluster, "writer"))
+    client = hdfs_native.Client(hdfs_cluster.url)
+    directory = store._path("d/x").rsplit("/", 1)[0]
+    writer = store.open_writer("d/x")
+    writer.write(b"partial" * 1000)
+    assert store.list_keys() == []
+    with pytest.raises(ObjectNotFoundError):
+        store.head("d/x")
+    names = [s.path.rsplit("/", 1)[-1] for s in client.list_status(directory)]
+    assert len(names) == 1
+    assert names[0].startswith(TMP_PREFIX)  # the temporary file, hidden from list and head
+    writer.abort()
+    assert list(client.list_status(directory)) == []
+    with store.open_writer("d/x") as done:
+        done.write(b"whole")
+    assert store.get("d/x") == b"whole"
+    assert [s.path.rsplit("/", 1)[-1] for s in client.list_status(directory)] == ["x"]
+
+
+def test_a_user_without_access_gets_a_typed_error_without_the_java_stack(
+    hdfs_cluster: HDFSCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hdfs_native
+
+    url = scratch_url(hdfs_cluster, "private")
+    owner = HDFSStore(url)
+    owner.put("secret/x", b"1")
+    hdfs_native.Client(hdfs_cluster.url).set_permission(owner._path("secret"), 0o700)
+    monkeypatch.setenv("HADOOP_USER_NAME", "fastload-other-user")  # read when a client is made
+    other = HDFSStore(url)
+    for call in (lambda: other.get("secret/x"), lambda: other.put("secret/y", b"2")):
+        with pytest.raises(StorePermissionError) as info:
+            call()
+        message = str(info.value)
+        assert f"{url}/secret/" in message
+        assert "user=fastload-other-user" in message
+        assert "drwx------" in message
+        assert "\tat " not in message
+        assert "\\tat " not in message
+        assert "HADOOP_USER_NAME" in message  # says what to check
+
+
+def test_namenode_in_safe_mode_refuses_writes_as_retryable(hdfs_cluster: HDFSCluster) -> None:
+    store = HDFSStore(scratch_url(hdfs_cluster, "safemode"))
+    store.put("before", b"1")
+    hdfs_cluster.control("safemode enter")
+    try:
+        with pytest.raises(TransientStoreError, match="SafeModeException") as info:
+            store.put("during", b"2")
+        assert store.child_url("during") in str(info.value)
+        assert store.get("before") == b"1"  # reads go on
+    finally:
+        hdfs_cluster.control("safemode leave")
+    store.put("after", b"3")
+    assert store.list_keys() == ["after", "before"]
+
+
+@pytest.mark.parametrize(
+    ("message", "error", "fragment"),
+    [
+        (
+            'RPCError("org.apache.hadoop.hdfs.server.namenode.SafeModeException", '
+            '"Cannot create file /x. Name node is in safe mode.\\n\\tat org.apache.X(X.java:1)")',
+            TransientStoreError,
+            "SafeModeException: Cannot create file /x. Name node is in safe mode.",
+        ),
+        (
+            'RPCError("org.apache.hadoop.ipc.StandbyException", "Operation category READ is '
+            'not supported in state standby")',
+            TransientStoreError,
+            "StandbyException",
+        ),
+        (
+            'RPCError("org.apache.hadoop.hdfs.protocol.DSQuotaExceededException", "The DiskSpace '
+            'quota of /q is exceeded\\n\\tat x")',
+            StoreError,
+            "DSQuotaExceededException: The DiskSpace quota of /q is exceeded",
+        ),
+        (
+            'DataTransferError("All DataNodes failed: [DatanodeInfoProto { id: DatanodeIdProto { '
+            'ip_addr: \\"10.0.0.7\\", host_name: \\"dn7\\", xfer_port: 9866, info_port: 1 } }]")',
+            TransientStoreError,
+            "tried 10.0.0.7:9866",
+        ),
+        ('GSSAPIError("No Kerberos credentials available")', StoreAuthError, "klist"),
+    ],
+)
+def test_client_errors_are_translated(message: str, error: type[StoreError], fragment: str) -> None:
+    store = HDFSStore("hdfs://nn:8020/data")
+    translated = store._translate(RuntimeError(message), "k")
+    assert type(translated) is error
+    assert fragment in str(translated)
+    assert "hdfs://nn:8020/data/k" in str(translated)
+    assert "\\tat" not in str(translated)

@@ -19,6 +19,7 @@
 //   start-namenode               starts it again on the same port, waits until it is active and
 //                                out of safe mode
 //   restart-namenode [SECONDS]   stop-namenode, wait SECONDS (default 0), start-namenode
+//   safemode enter|leave         puts the NameNode into safe mode (writes fail) or out of it
 //   shutdown                     stops the cluster and exits (tools/hdfs-down.sh uses this)
 
 import java.io.BufferedReader;
@@ -186,9 +187,16 @@ public final class MiniHDFS {
         if (props == null) {
           return "datanode " + i + " already running";
         }
+        // Not cluster.waitActive(): it waits until the NameNode's live count equals the running
+        // DataNodes, and the NameNode still counts a stopped DataNode as live for ~10 minutes.
         cluster.restartDataNode(props, true);
-        if (nameNodeUp) {
-          cluster.waitActive();
+        DataNode dn = cluster.getDataNodes().get(cluster.getDataNodes().size() - 1);
+        long deadline = System.currentTimeMillis() + 120_000;
+        while (nameNodeUp && !dn.isDatanodeFullyStarted()) {
+          if (System.currentTimeMillis() > deadline) {
+            throw new IllegalStateException("datanode " + i + " did not start within 120 s");
+          }
+          Thread.sleep(100);
         }
         return "datanode " + i + " started";
       }
@@ -207,12 +215,21 @@ public final class MiniHDFS {
         startNameNode();
         return "namenode restarted";
       }
+      case "safemode": {
+        if (words.length != 2 || !(words[1].equals("enter") || words[1].equals("leave"))) {
+          throw new IllegalArgumentException("safemode takes enter or leave");
+        }
+        boolean on = cluster.getFileSystem().setSafeMode(
+            words[1].equals("enter") ? SafeModeAction.SAFEMODE_ENTER : SafeModeAction.SAFEMODE_LEAVE);
+        return "safemode " + (on ? "on" : "off");
+      }
       case "shutdown":
         return "shutting down";
       default:
         throw new IllegalArgumentException(
             "unknown command " + words[0] + " (status, stop-datanode I, start-datanode I, "
-                + "stop-namenode, start-namenode, restart-namenode [SECONDS], shutdown)");
+                + "stop-namenode, start-namenode, restart-namenode [SECONDS], safemode enter|leave, "
+                + "shutdown)");
     }
   }
 

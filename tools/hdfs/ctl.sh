@@ -2,7 +2,7 @@
 # ctl.sh COMMAND [ARG] - send one command to the control port of the HDFS that tools/hdfs-up.sh
 # started from $HDFS_RUN (/tmp/fastload-hdfs) and print the reply; exit 1 if it starts with
 # "error". Commands (see MiniHDFS.java): status, stop-datanode I, start-datanode I,
-# stop-namenode, start-namenode, restart-namenode [SECONDS], shutdown.
+# stop-namenode, start-namenode, restart-namenode [SECONDS], safemode enter|leave, shutdown.
 set -euo pipefail
 RUN=${HDFS_RUN:-/tmp/fastload-hdfs}
 [ $# -ge 1 ] || { echo "usage: $0 COMMAND [ARG]" >&2; exit 2; }
