@@ -174,7 +174,9 @@ def test_two_links_to_one_directory_inside_the_root(tmp_path: Path, cv: Any) -> 
     ]
 
 
-def test_links_to_a_file_and_a_directory_outside_the_root(tmp_path: Path, cv: Any) -> None:
+def test_links_to_a_file_a_directory_outside_the_root_and_a_hidden_one(
+    tmp_path: Path, cv: Any
+) -> None:
     ext = tmp_path / "mnt"
     _write(ext / "big" / "train" / "s0.jpg", b"s0")
     _write(ext / "big" / "train" / "s0.json", b'{"y": 0}')
@@ -183,12 +185,15 @@ def test_links_to_a_file_and_a_directory_outside_the_root(tmp_path: Path, cv: An
     src.mkdir()
     (src / "train").symlink_to(ext / "big" / "train")
     (src / "extra.jpg").symlink_to(ext / "photo.jpg")
+    _write(src / ".store" / "val" / "v.txt", b"v")  # hidden: listed only through the link
+    (src / "val").symlink_to(".store/val")
     result = _convert(src, tmp_path / "out", source_type="files")
     assert result.source_type == "files"
     assert result.skipped == []
     assert cv.read_dataset(tmp_path / "out") == {
         "extra": {"jpg": b"photo"},
         "train/s0": {"jpg": b"s0", "json": b'{"y": 0}'},
+        "val/v": {"txt": b"v"},
     }
     assert result.warnings == []
 
