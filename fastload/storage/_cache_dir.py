@@ -340,7 +340,8 @@ class CacheDirectory:
         if room >= need and reclaim <= 0:
             return 0
         evicted = freed = 0
-        for _, nbytes, path in self._lru():
+        entries = self._lru()
+        for _, nbytes, path in entries:
             if room >= need and freed >= reclaim:
                 break
             if self._evict(path):
@@ -348,16 +349,25 @@ class CacheDirectory:
                 freed += nbytes
                 room = self.free_bytes() - unwritten
         if room < need or (reclaim > 0 and freed == 0):
-            raise self.full_error(url, size, code, room=max(0, room), evicted=evicted)
+            held = sum(nbytes for _, nbytes, _ in entries) - freed
+            raise self.full_error(url, size, code, room=max(0, room), evicted=evicted, held=held)
         return evicted
 
     def full_error(
-        self, url: str, size: int | None, code: int, *, room: int | None = None, evicted: int = 0
+        self,
+        url: str,
+        size: int | None,
+        code: int,
+        *,
+        room: int | None = None,
+        evicted: int = 0,
+        held: int | None = None,
     ) -> CacheFullError:
         """The :class:`CacheFullError` for ``url`` (``size`` bytes, if known) that found no room:
-        it names the directory, the budget, the free space and what to change."""
+        it names the directory, the budget, the free space (``room``, else asked now), what the
+        cache holds (``held``, else counted now) and what to change."""
         free = self.free_bytes() if room is None else room
-        cached = self.cached_bytes()
+        cached = self.cached_bytes() if held is None else held
         gone = (
             f" after evicting {evicted} cached objects (evicted objects still open in a reader "
             "keep their space until it closes them)"
