@@ -31,7 +31,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class SkippedItem:
-    """An input item left out under ``on_error="skip"``.
+    """An input item left out: an item error under ``on_error="skip"``, or (under any
+    ``on_error``) a path the walk of a source tree did not convert (a loop, a link not followed,
+    a duplicate of a file converted under another path).
 
     Attributes:
         item: The item (``"cat/001.jpg"``, ``"data.jsonl:17"``, ``"train-000003.tar#12"``).
@@ -69,7 +71,9 @@ class ConvertResult:
         num_samples: Samples written (planned samples for a dry run).
         num_shards: Shards in the dataset.
         num_bytes: Bytes of shard objects written (estimated for a dry run).
-        skipped: Items left out under ``on_error="skip"``, in plan order.
+        skipped: Items left out under ``on_error="skip"``, and what the walk of a tree left out
+            whatever ``on_error`` says (loops, links not followed, duplicates: see
+            :attr:`SkippedItem.duplicate_of`), in plan order.
         dropped: Samples the ``map_fn`` hook dropped (returned ``None``); not errors.
         elapsed: Wall-clock seconds.
         resumed_shards: Shards already complete from an earlier, interrupted run.
