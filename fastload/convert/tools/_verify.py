@@ -23,6 +23,7 @@ from typing import Any
 
 from fastload._units import check_int
 from fastload.convert._pool import pool_context
+from fastload.convert._progress import plural
 from fastload.convert.tools._common import Grouping, Progress, open_dataset_store
 from fastload.convert.tools._shard_check import ShardCheck, check_shards
 from fastload.errors import ManifestError
@@ -153,6 +154,12 @@ def verify_dataset(
             )
         except ManifestError as exc:
             report.problems.append(str(exc))
+    if sum(e.num_samples for e in manifest.shards) == 0:  # nothing to load is no dataset
+        report.problems.append(
+            f"{store.child_url(MANIFEST_NAME)}: the dataset holds no sample "
+            f"({plural(len(manifest.shards), 'shard')}, 0 samples): a loader would yield nothing; "
+            "convert the source again (a conversion that keeps no sample now fails, naming why)"
+        )
     return report
 
 
