@@ -50,7 +50,15 @@ from typing import Any
 from fastload._units import check_int
 from fastload.errors import InvalidArgumentError
 
-__all__ = ["PRESETS", "CapacityPlan", "Cluster", "Workload", "lru_downloads", "plan_capacity"]
+__all__ = [
+    "PRESETS",
+    "CapacityPlan",
+    "Cluster",
+    "Workload",
+    "format_bytes",
+    "lru_downloads",
+    "plan_capacity",
+]
 
 #: Visits simulated at most by :func:`lru_downloads` (bigger footprints are scaled down).
 MAX_SIMULATED_VISITS = 200_000
@@ -121,7 +129,13 @@ class Cluster:
         prefetch_shards: Shards each worker keeps downloading ahead.
         max_open_shards: Shard readers each worker keeps open within an epoch (the loader's
             ``max_open_shards``); a shard it has open is read again without the cache.
-        node_bandwidth: Bytes/s one node can download (for the epoch-start burst).
+        node_bandwidth: Bytes/s one node can download (the epoch-start burst, and a limit:
+            :attr:`CapacityPlan.limits`).
+        store_bandwidth: Bytes/s the store can serve the whole job. The default, 1 TB/s, is a
+            plausible ceiling for a large Ceph or S3 deployment, not a measurement: give
+            yours.
+        store_requests: Requests/s the store can serve the whole job (default 100,000, as
+            plausible a ceiling; an S3 bucket serves about 5,500 GETs/s per key prefix).
         seed: Seed of the LRU simulation.
     """
 
@@ -137,6 +151,8 @@ class Cluster:
     prefetch_shards: int = 2
     max_open_shards: int = 16
     node_bandwidth: float = 12.5e9
+    store_bandwidth: float = 1e12
+    store_requests: float = 100_000.0
     seed: int = 0
 
 
@@ -174,6 +190,10 @@ class CapacityPlan:
         burst_bytes: Bytes requested at once over all nodes at the start of an epoch.
         burst_requests: Store requests at once over all nodes at the start of an epoch.
         burst_s: Seconds a node needs to download its burst at ``node_bandwidth``.
+        limits: What makes the target impossible, one sentence each (empty when nothing
+            does): an epoch that needs more than a node's network (``node_bandwidth``), the
+            store's bandwidth or its request rate (``store_bandwidth``, ``store_requests``)
+            can serve in ``epoch_s``, with the time that epoch takes at least.
     """
 
     nodes: int
@@ -203,10 +223,52 @@ class CapacityPlan:
     burst_bytes: float
     burst_requests: float
     burst_s: float
+    limits: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as a JSON-ready dictionary (the attribute names)."""
         return dataclasses.asdict(self)
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes in decimal units: ``"34.9 TB"``, ``"111.5 KB"``, ``"12 B"``."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,.0f} B"
+
+
+def _limits(
+    target: Cluster, nodes: int, epoch_s: float, epochs: list[tuple[str, float, float]]
+) -> tuple[str, ...]:
+    """The sentences of :attr:`CapacityPlan.limits`; ``epochs`` holds (which epoch, a node's
+    bytes, a node's requests)."""
+    found = []
+    for when, node_bytes, node_requests in epochs:
+        needs = (
+            (
+                node_bytes / target.node_bandwidth,
+                f"{format_bytes(node_bytes / epoch_s)}/s per node, more than its network "
+                f"({format_bytes(target.node_bandwidth)}/s, --node-bandwidth)",
+            ),
+            (
+                nodes * node_bytes / target.store_bandwidth,
+                f"{format_bytes(nodes * node_bytes / epoch_s)}/s from the store, more than "
+                f"{format_bytes(target.store_bandwidth)}/s (--store-bandwidth)",
+            ),
+            (
+                nodes * node_requests / target.store_requests,
+                f"{nodes * node_requests / epoch_s:,.0f} requests/s from the store, more than "
+                f"{target.store_requests:,.0f}/s (--store-requests)",
+            ),
+        )
+        for seconds, what in needs:
+            if seconds > epoch_s:
+                found.append(
+                    f"{when} needs {what}: it takes at least {seconds:,.1f} s, not the "
+                    f"{epoch_s:,.1f} s of the target ({seconds / epoch_s:,.1f}x)"
+                )
+    return tuple(found)
 
 
 def _requests(nbytes: float) -> int:
@@ -308,6 +370,8 @@ def plan_capacity(work: Workload, target: Cluster) -> CapacityPlan:
         ("samples_per_gpu", target.samples_per_gpu),
         ("shard_bytes", target.shard_bytes),
         ("node_bandwidth", target.node_bandwidth),
+        ("store_bandwidth", target.store_bandwidth),
+        ("store_requests", target.store_requests),
     ):
         _check_positive(name, value)
     nodes = math.ceil(target.gpus / target.gpus_per_node)
@@ -397,4 +461,13 @@ def plan_capacity(work: Workload, target: Cluster) -> CapacityPlan:
         burst_bytes=nodes * burst_shards * object_bytes,
         burst_requests=nodes * burst_shards * requests_per_shard,
         burst_s=burst_shards * object_bytes / target.node_bandwidth,
+        limits=_limits(
+            target,
+            nodes,
+            epoch_s,
+            [
+                ("the first epoch", first_bytes, first_req),
+                ("each later epoch", later_bytes, later_req),
+            ],
+        ),
     )

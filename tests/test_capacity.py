@@ -145,3 +145,45 @@ def test_the_command_refuses_what_it_cannot_plan(capsys: pytest.CaptureFixture[s
     args = ["plan-capacity", "--preset", "laion", "--gpus", "8", "--samples-per-gpu", "100"]
     assert main([*args, "--block-size", "0"]) == 2
     assert "--block-size" in capsys.readouterr().err
+
+
+def test_an_impossible_target_is_flagged_with_the_time_the_epoch_takes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # README's example: ImageNet in 0.5 s on 1,000 GPUs needs 34.9 TB/s in the first epoch.
+    target = Cluster(gpus=1000, samples_per_gpu=2500, cache_bytes=200 * 10**9)
+    plan = plan_capacity(PRESETS["imagenet"], target)
+    node_rate = plan.first_epoch_node_bytes / plan.epoch_s
+    assert node_rate > target.node_bandwidth  # 279 GB/s per node against 12.5 GB/s
+    assert len(plan.limits) == 3  # node network, store bandwidth, store requests; first epoch
+    assert all(limit.startswith("the first epoch needs") for limit in plan.limits)
+    seconds = plan.first_epoch_node_bytes / target.node_bandwidth
+    assert f"at least {seconds:,.1f} s, not the 0.5 s" in plan.limits[0]
+    assert "278.9 GB/s per node" in plan.limits[0]
+    # A store that can serve it, and a network wide enough: nothing to flag.
+    roomy = dataclasses.replace(
+        target, node_bandwidth=1e12, store_bandwidth=1e14, store_requests=1e7
+    )
+    assert plan_capacity(PRESETS["imagenet"], roomy).limits == ()
+    # One node streaming ImageNet at 8,000 samples/s (0.9 GB/s) fits every default ceiling.
+    one_node = Cluster(gpus=8, samples_per_gpu=1000, block_size=None, window=1)
+    assert plan_capacity(PRESETS["imagenet"], one_node).limits == ()
+    args = ["plan-capacity", "--preset", "imagenet", "--gpus", "1000"]
+    assert main([*args, "--samples-per-gpu", "2500", "--cache-size", "200GB"]) == 0
+    warnings = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("warning: ")]
+    assert [w.removeprefix("warning: ") for w in warnings] == list(plan.limits)
+    with pytest.raises(SystemExit) as refused:
+        main([*args, "--samples-per-gpu", "2500", "--store-requests", "0"])
+    assert refused.value.code == 2
+    assert "--store-requests: must be at least 1" in capsys.readouterr().err
+
+
+def test_scaling_md_holds_the_models_table() -> None:
+    from pathlib import Path
+
+    from benchmarks.scaling_tables import table
+
+    text = (Path(__file__).parents[1] / "benchmarks" / "SCALING.md").read_text()
+    assert table() in text, "benchmarks/SCALING.md: run python -m benchmarks.scaling_tables"
+    # The figure README's example gives (544,426 requests/s) is the table's.
+    assert "| 544,426, 0 |" in table()

@@ -19,6 +19,10 @@ CPU cores per GPU to decode on the CPU or with DALI, and the burst at the start 
 Inputs are measured per-sample costs (--sample-bytes, --decode-cpu-ms, ...; or a --preset of
 them) and the target (--gpus x --samples-per-gpu, --gpus-per-node, shard and cache sizes, the
 shuffle). The model and its validation against a measured run: benchmarks/SCALING.md.
+
+Warns where the target cannot be met: an epoch that needs more than a node's network
+(--node-bandwidth), the store's bandwidth (--store-bandwidth) or its request rate
+(--store-requests) can deliver in the target's epoch time, with the time it takes at least.
 """
 
 
@@ -70,6 +74,18 @@ def add(sub: Any) -> None:
         default=int(defaults.node_bandwidth),
         help="bytes/s a node downloads (default 12.5GB: 100 Gbit/s)",
     )
+    t.add_argument(
+        "--store-bandwidth",
+        type=size,
+        default=int(defaults.store_bandwidth),
+        help="bytes/s the store serves the whole job (default 1TB: a plausible ceiling; give yours)",
+    )
+    t.add_argument(
+        "--store-requests",
+        type=positive_int,
+        default=int(defaults.store_requests),
+        help="requests/s the store serves the whole job (default 100000; give yours)",
+    )
     p.add_argument("--json", action="store_true", help="print inputs and plan as JSON")
 
 
@@ -93,15 +109,9 @@ def _workload(args: argparse.Namespace) -> Any:
     return Workload(**given)
 
 
-def _bytes(n: float) -> str:
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:,.1f} {unit}"
-    return f"{n:,.0f} B"
-
-
 def _run(args: argparse.Namespace) -> int:
     from fastload._capacity import Cluster, plan_capacity
+    from fastload._capacity import format_bytes as _bytes
 
     try:
         block = None if args.block_size.lower() == "none" else positive_int(args.block_size)
@@ -121,6 +131,8 @@ def _run(args: argparse.Namespace) -> int:
         prefetch_shards=args.prefetch_shards,
         max_open_shards=args.max_open_shards,
         node_bandwidth=float(args.node_bandwidth),
+        store_bandwidth=float(args.store_bandwidth),
+        store_requests=float(args.store_requests),
     )
     plan = plan_capacity(work, target)
     if args.json:
@@ -171,4 +183,6 @@ def _run(args: argparse.Namespace) -> int:
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         out(f"{name.ljust(width)}  {value}")
+    for limit in p.limits:
+        out(f"warning: {limit}")
     return EXIT_OK
