@@ -15,6 +15,7 @@ from fastload.cli._common import (
     size,
 )
 from fastload.cli._store_options import add_store_options, check_endpoint_used, options_for
+from fastload.convert._pool import ENGINES
 from fastload.convert._tokenizer import DEFAULT_BLOCK_TOKENS, Tokenize
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ _PASSED_ON = (
     "workers",
     "executor",
     "ray_address",
+    "spark_master",
     "shuffle",
     "seed",
     "on_error",
@@ -87,11 +89,12 @@ def add(sub: Any) -> None:
     )
     p.add_argument(
         "--executor",
-        choices=("local", "ray"),
+        choices=tuple(ENGINES),
         default="local",
-        help="what writes the shards: local (this machine's --workers processes, default) or ray "
-        "(one Ray task per shard; same bytes; needs fastload[ray]; stores must be reachable from "
-        "every Ray node: s3://, or a directory every node mounts at the same path)",
+        help="what writes the shards: "
+        + "; ".join(f"{e.name}: {e.summary}" for e in ENGINES.values())
+        + ". Every executor writes the same bytes; with a cluster's, stores must be reachable "
+        "from every node: s3://, hdfs://, or a directory every node mounts at the same path",
     )
     p.add_argument(
         "--ray-address",
@@ -99,6 +102,14 @@ def add(sub: Any) -> None:
         metavar="ADDR",
         help="the Ray cluster for --executor ray (auto, HOST:6379, ray://HOST:10001; default "
         "$RAY_ADDRESS, else a local Ray runtime)",
+    )
+    p.add_argument(
+        "--spark-master",
+        default=None,
+        metavar="URL",
+        help="the Spark master for --executor spark (spark://HOST:7077, yarn, k8s://..., "
+        "local[4]; default: the one spark-submit sets, else local[*]; an active SparkContext "
+        "in this process is used as it is)",
     )
     p.add_argument("--shuffle", action="store_true", help="mix the sample order (see --seed)")
     p.add_argument("--seed", type=int, default=0, help="seed of --shuffle (default 0)")

@@ -58,11 +58,11 @@ from fastload.convert._pool import (
     InProcess,
     Pool,
     ShardRecords,
+    get_engine,
     run_jobs,
     starts_before_planning,
 )
 from fastload.convert._progress import Progress, WarningPrinter, plural
-from fastload.convert._ray import RayExecutor
 from fastload.convert._results import (
     ConvertResult,
     SkippedItem,
@@ -106,8 +106,6 @@ __all__ = ["convert"]
 #: in the skip report rather than only logged.
 _ON_ERROR = ("raise", "skip")
 _KEPT = "each is kept if the plan still gives it the same samples"
-#: The engines that write the shards (``executor``).
-_EXECUTORS = ("local", "ray")
 
 
 def convert(
@@ -120,6 +118,7 @@ def convert(
     workers: int | None = None,
     executor: str = "local",
     ray_address: str | None = None,
+    spark_master: str | None = None,
     shuffle: bool = False,
     seed: int = 0,
     on_error: str = "raise",
@@ -155,13 +154,19 @@ def convert(
             process. ``memory://`` stores always write in this process. Workers are forked when
             the calling process runs one thread, else started by multiprocessing's forkserver,
             which re-imports the calling script: call ``convert`` under
-            ``if __name__ == "__main__":`` in scripts. Ignored with ``executor="ray"``.
-        executor: ``local`` (this process or ``workers`` processes) or ``ray`` (one Ray task
+            ``if __name__ == "__main__":`` in scripts. Ignored by the cluster executors.
+        executor: ``local`` (this process or ``workers`` processes), ``ray`` (one Ray task
             per shard, on the cluster of ``ray.init`` if this process called it, else of
-            ``ray_address``; needs ``fastload[ray]``; same bytes as ``local``; stores must be
-            reachable from every Ray node: object stores, or directories shared by all nodes).
+            ``ray_address``; needs ``fastload[ray]``) or ``spark`` (one Spark task per shard,
+            on the active SparkContext if there is one, else on ``spark_master``; needs
+            ``fastload[spark]`` and Java 17+). Every executor writes the same bytes; the
+            cluster ones need stores reachable from every node: object stores, HDFS, or
+            directories every node mounts at the same path.
         ray_address: The Ray cluster for ``executor="ray"`` (``"auto"``, ``"host:6379"``,
             ``"ray://host:10001"``); default ``RAY_ADDRESS``, else a local Ray runtime.
+        spark_master: The Spark master for ``executor="spark"`` (``"spark://host:7077"``,
+            ``"yarn"``, ``"k8s://..."``, ``"local[4]"``); default ``spark.master`` as
+            ``spark-submit`` sets it, else ``local[*]``.
         shuffle: Mix the sample order with a permutation derived from ``seed``.
         seed: Seed of the permutation (only used with ``shuffle``).
         on_error: ``raise`` (stop at the first bad item; finished shards are kept and a re-run
@@ -211,8 +216,14 @@ def convert(
         check_int(option_name("shard_samples"), shard_samples, minimum=1)
     n_workers = (os.cpu_count() or 1) if workers is None else workers
     check_int(option_name("workers"), n_workers, minimum=1)
-    if executor not in _EXECUTORS:
-        raise InvalidArgumentError(f"{option_name('executor')} must be one of {_EXECUTORS}")
+    engine = get_engine(executor)
+    addresses = {"ray_address": ray_address, "spark_master": spark_master}
+    for option, value in addresses.items():
+        if value is not None and option != engine.address_option:
+            raise InvalidArgumentError(
+                f"{option_name(option)} is not used by executor={executor!r}; pass the "
+                "executor it is for, or leave it out"
+            )
     if not prefix or "/" in prefix or prefix.startswith((".", "_")):
         raise InvalidArgumentError(
             f"{option_name('prefix')} {prefix!r} must be a non-empty name without '/' that does not "
@@ -238,15 +249,16 @@ def convert(
         dst_store = open_store(dst, **dict(store_options or {}))
         check_not_inside(source.store, source.keys is not None, dst_store)
         use_pool = not dry_run and (
-            executor == "ray"  # which refuses memory:// stores
+            engine.remote  # which refuses memory:// stores
             or (
                 n_workers > 1
                 and not isinstance(dst_store, MemoryStore)
                 and not isinstance(source.store, MemoryStore)
             )
         )
-        if use_pool and executor == "ray":
-            pool = RayExecutor(ray_address, source.store, dst_store)
+        if use_pool and engine.remote:
+            address = addresses.get(engine.address_option or "")
+            pool = engine.open(address, source.store, dst_store)
         elif use_pool and starts_before_planning():
             pool = Pool(n_workers, fmt)
 
@@ -337,7 +349,7 @@ def convert(
         ahead = list(itertools.islice(feed := jobs(), 2))  # one job is written in this process
         if (several := len(ahead) > 1) and pool is None and use_pool:
             pool = Pool(n_workers, fmt)
-        runner = pool if pool is not None and (several or executor == "ray") else InProcess()
+        runner = pool if pool is not None and (several or engine.remote) else InProcess()
         feed = itertools.chain(ahead, feed)
         del ahead  # the chain alone holds those two jobs, until they are written
         try:

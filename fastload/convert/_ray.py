@@ -24,16 +24,11 @@ one machine it is). A task that cannot see the state the driver wrote first rais
 from __future__ import annotations
 
 import contextlib
-import pickle
-import socket
-from collections.abc import Iterator
 from typing import Any
 
-from fastload.convert._pool import Executor, ShardRecords
-from fastload.convert._state import PLAN_KEY
-from fastload.convert._worker import Counters, ShardJob, write_shards
+from fastload.convert._pool import ENGINES, TaskExecutor, import_engine, write_shipped_job
 from fastload.errors import InvalidArgumentError, WorkerError
-from fastload.storage import MemoryStore, Store
+from fastload.storage import Store
 
 __all__ = ["IN_FLIGHT_PER_CPU", "RAY_RETRIES", "RayExecutor", "write_job"]
 
@@ -44,40 +39,14 @@ RAY_RETRIES = 3
 #: CPU idles while the driver plans the next shard.
 IN_FLIGHT_PER_CPU = 2
 
-_INSTALL = "install it with: pip install 'fastload[ray]'"
-
 
 def write_job(data: bytes) -> dict[str, Any]:
-    """A Ray task: write and commit the shard of one pickled :class:`ShardJob` (pickled by the
-    converting process); return its done record. Idempotent: run again, it writes the same
-    bytes.
-
-    Raises:
-        InvalidArgumentError: The destination's conversion state (written by the driver before
-            any shard) is not visible here: a local directory not shared with this node.
-    """
-    job: ShardJob = pickle.loads(data)  # pickled by the converting process, as for the pool
-    if not job.dst.exists(PLAN_KEY):
-        raise InvalidArgumentError(
-            f"the Ray task writing shard {job.shard.name} on host {socket.gethostname()} does not "
-            f"see {job.dst.child_url(PLAN_KEY)}, which the converting process wrote before any "
-            "shard: under Ray a local destination (and source) must be on a file system every "
-            "Ray node mounts at the same path (e.g. NFS); or convert to an object store (s3://)"
-        )
-    return write_shards(iter([job]))[0]
+    """A Ray task: :func:`~fastload.convert._pool.write_shipped_job` (write and commit the
+    shard of one pickled :class:`ShardJob`; return its done record)."""
+    return write_shipped_job(data, "Ray")
 
 
-def _import_ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:
-        raise InvalidArgumentError(
-            f"executor='ray' (--executor ray) needs the ray package ({exc}); {_INSTALL}"
-        ) from exc
-    return ray
-
-
-class RayExecutor(Executor):
+class RayExecutor(TaskExecutor):
     """Writes each shard job as a Ray task (see the module docstring).
 
     Args:
@@ -85,25 +54,18 @@ class RayExecutor(Executor):
             ``"auto"``, ``"ray://host:10001"``, ``"host:6379"``; ``None`` connects to the
             cluster that ``RAY_ADDRESS`` names, else starts a local one. A runtime started here
             is shut down by :meth:`shutdown`; one the caller started is left running.
-        source: The source's store; with ``dst``, refused if it lives in this process.
+        source: The source's store (``convert`` refuses ``memory://`` stores for every
+            cluster engine, :meth:`Engine.open <fastload.convert._pool.Engine.open>`).
         dst: The destination store.
 
     Raises:
-        InvalidArgumentError: ray is not installed, the cluster cannot be reached, or a store is
-            a ``memory://`` store.
+        MissingDependencyError: ray is not installed.
+        InvalidArgumentError: The cluster cannot be reached.
     """
 
-    ships_jobs = True
-
     def __init__(self, address: str | None, source: Store, dst: Store) -> None:
-        for store in (source, dst):
-            if isinstance(store, MemoryStore):
-                raise InvalidArgumentError(
-                    f"executor='ray' (--executor ray) cannot use {store.url}: a memory:// store "
-                    "lives in the converting process, out of the Ray workers' reach; use a "
-                    "directory or an object store, or the local executor"
-                )
-        ray = _import_ray()
+        del source, dst  # every task opens them itself, from its job
+        ray = import_engine("ray", ENGINES["ray"])
         self._ray = ray
         self._started = not ray.is_initialized()
         if self._started:
@@ -119,44 +81,19 @@ class RayExecutor(Executor):
             write_job
         )
         cpus = int(ray.cluster_resources().get("CPU", 1))
-        self.slots = max(1, cpus) * IN_FLIGHT_PER_CPU
-        self._refs: dict[Any, str] = {}  # the outstanding tasks, to their shard's name
-        self._shut = False
+        super().__init__(max(1, cpus) * IN_FLIGHT_PER_CPU)
 
-    def run(self, jobs: Iterator[ShardJob], done: ShardRecords) -> None:
-        try:
-            self._run(jobs, done)
-        except BaseException:
-            self.shutdown()
-            raise
+    def submit(self, data: bytes, name: str) -> Any:
+        return self._task.remote(data)
 
-    def _run(self, jobs: Iterator[ShardJob], done: ShardRecords) -> None:
-        ray = self._ray
-        counters = Counters()
-        feeding = True
-        while True:
-            while feeding and len(self._refs) < self.slots:
-                job = next(jobs, None)
-                if job is None:
-                    feeding = False
-                    break
-                data = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
-                self._refs[self._task.remote(data)] = job.shard.name
-            if not self._refs:
-                return
-            ready, _ = ray.wait(list(self._refs), num_returns=1, timeout=0.5)
-            for ref in ready:
-                name = self._refs.pop(ref)
-                record = self._result(ref, name)
-                done.add(record)
-                counters.add(record["info"]["num_samples"], record["info"]["num_bytes"])
-            done.show(counters)
+    def finished(self, handles: list[Any], timeout: float) -> list[Any]:
+        ready: list[Any] = self._ray.wait(handles, num_returns=1, timeout=timeout)[0]
+        return ready
 
-    def _result(self, ref: Any, name: str) -> dict[str, Any]:
-        """The done record of a finished task, or its error (the task's own exception)."""
+    def result(self, handle: Any, name: str) -> dict[str, Any]:
         errors = self._ray.exceptions
         try:
-            record: dict[str, Any] = self._ray.get(ref)
+            record: dict[str, Any] = self._ray.get(handle)
         except errors.RayTaskError as exc:
             cause = exc.cause
             if isinstance(cause, Exception):
@@ -171,22 +108,17 @@ class RayExecutor(Executor):
             ) from exc
         return record
 
-    def shutdown(self) -> None:
-        """Cancel the outstanding tasks (a running one is interrupted; its shard is aborted,
-        nothing partial is visible, a re-run writes it) and wait for them to end; then shut
-        down the Ray runtime if this executor started it. Idempotent."""
-        if self._shut:
-            return
-        self._shut = True
+    def cancel(self, handles: list[Any]) -> None:
+        """Cancel the tasks (Ray interrupts a running one: its shard is aborted, nothing
+        partial is visible, a re-run writes it) and wait for them to end."""
         ray = self._ray
-        refs = list(self._refs)
-        self._refs.clear()
-        try:
-            for ref in refs:
-                ray.cancel(ref, force=False)
-            for ref in refs:
-                with contextlib.suppress(ray.exceptions.RayError):
-                    ray.get(ref)
-        finally:
-            if self._started:
-                ray.shutdown()
+        for ref in handles:
+            ray.cancel(ref, force=False)
+        for ref in handles:
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.get(ref)
+
+    def close(self) -> None:
+        """Shut down the Ray runtime if this executor started it."""
+        if self._started:
+            self._ray.shutdown()
