@@ -420,8 +420,9 @@ class CacheDirectory:
 
     # ---- eviction -------------------------------------------------------------------------------
 
-    def _lru(self) -> list[tuple[float, int, str]]:
-        """(last use, size, path) of the cached objects, least recently used first."""
+    def _lru(self, *, ordered: bool = True) -> list[tuple[float, int, str]]:
+        """(last use, size, path) of the cached objects, least recently used first (in no
+        particular order unless ``ordered``)."""
         entries: list[tuple[float, int, str]] = []
         for path in self.object_files():
             try:
@@ -429,7 +430,8 @@ class CacheDirectory:
             except FileNotFoundError:
                 continue
             entries.append((st.st_mtime, st.st_size, path))
-        entries.sort()
+        if ordered:
+            entries.sort()
         return entries
 
     def _evict(self, path: str) -> bool:
@@ -457,11 +459,12 @@ class CacheDirectory:
         # Fills in progress first: one that finishes during the scan (renamed from tmp/ into
         # objects/ without this lock) is then counted twice, never missed.
         total = self._in_flight_bytes()
-        entries = self._lru()
+        entries = self._lru(ordered=False)
         total += sum(size for _, size, _ in entries)
         evicted = 0
         if total + incoming <= self.max_bytes:
             return True, evicted
+        entries.sort()
         for _, size, path in entries:
             if total + incoming <= self.max_bytes:
                 break
