@@ -42,8 +42,10 @@ from typing import IO, Any
 
 from fastload._units import check_int
 from fastload._version import __version__
+from fastload.convert._empty import no_samples, nothing_kept
 from fastload.convert._guard import Guard, check_not_inside
 from fastload.convert._map import MapFn, map_name, resolve_map
+from fastload.convert._overhead import measured_tar_overhead, planned_tar_overhead
 from fastload.convert._plan import (
     ConversionPlan,
     PlanStream,
@@ -205,6 +207,9 @@ def convert(
         StoreError: The destination ran out of space (or a file size limit was reached); the
             message names the shard and says to free space and re-run, which resumes.
         ConversionError: An input item is bad and ``on_error="raise"``; the message names it.
+            Or no sample is kept (each skipped under ``on_error="skip"``, or dropped by
+            ``map_fn``): no manifest is written, the skip report is and the message names it.
+        MissingDependencyError: The source needs an optional package (CSV, Parquet: pyarrow).
         ObjectNotFoundError: ``src`` does not exist.
     """
     start = time.monotonic()
@@ -298,9 +303,13 @@ def convert(
                 print_dry_run(stream, source, whole.shards, result)
             return result
         first = next(plan, None)
+        framing = format_name == "webdataset" and spec is None  # issue 29: tar on small records
+        if framing and first is not None and (text := planned_tar_overhead(first[1])):
+            source.warnings.append(text)
+            framing = False  # said once, from the plan
         warn()
         if first is None:
-            raise _no_samples(source, plan_skipped)
+            raise no_samples(source, plan_skipped)
         if spec is not None and on_error == "raise":
             check_text_field(source, first[1], spec)
         progress = Progress(0, 0, quiet=quiet, stream=stream)
@@ -363,6 +372,9 @@ def convert(
         whole = plan.finish(replay)
         result = _finish(dst_store, source, whole, done.records, plan_skipped, start, done.resumed)
         add_source_facts(result, source)
+        if framing and result.manifest and (text := measured_tar_overhead(result.manifest)):
+            source.warnings.append(text)
+            warn()
         if not quiet:
             progress.message(result.summary())
         return result
@@ -460,16 +472,8 @@ def _whole(
     whole = plan.finish(replay)
     warn()
     if not whole.shards:
-        raise _no_samples(source, skipped)
+        raise no_samples(source, skipped)
     return whole
-
-
-def _no_samples(source: Source, skipped: list[SkippedItem]) -> InvalidArgumentError:
-    return InvalidArgumentError(
-        f"no samples to convert in {source.store.url} (source type {source.type_name}"
-        + (f"; {plural(len(skipped), 'item')} skipped, see the reasons above" if skipped else "")
-        + "); check the path and --source-type"
-    )
 
 
 def _finish(
@@ -501,6 +505,7 @@ def _finish(
                 dict(info["fields"]),
             )
         )
+    kept = sum(int(i.num_samples) for i in infos)
     if skipped:
         with space_for(store, SKIPPED_KEY):
             store.put(
@@ -512,6 +517,9 @@ def _finish(
             )
     else:
         store.delete_many([SKIPPED_KEY])
+    if kept == 0:  # no manifest for a dataset without a sample: an error, not exit status 3
+        written = [k for i in infos for k in (i.key, i.index_key) if k]
+        raise nothing_kept(store, written, skipped, dropped)
     manifest = Manifest(
         format=plan.options["format"],
         shards=[ShardEntry.from_info(i) for i in infos],

@@ -25,7 +25,7 @@ from fastload.convert.sources._records import JsonlSource, TextSource
 from fastload.convert.sources._shards import ShardSource
 from fastload.convert.sources._tables import CsvSource, ParquetSource
 from fastload.convert.sources._tree import walk_tree
-from fastload.errors import InvalidArgumentError, ObjectNotFoundError
+from fastload.errors import InvalidArgumentError, MissingDependencyError, ObjectNotFoundError
 from fastload.formats._base import FORMATS
 from fastload.formats._names import ShardNames
 from fastload.formats.manifest import MANIFEST_NAME
@@ -55,8 +55,10 @@ SOURCES.register("imagefolder", ImageFolderSource, aliases=("image-folder", "ima
 SOURCES.register("files", FileTreeSource, aliases=("filetree", "file-tree", "tree"))
 SOURCES.register("jsonl", JsonlSource, aliases=("json", "ndjson"))
 SOURCES.register("text", TextSource, aliases=("txt", "lines"))
-SOURCES.register("csv", CsvSource)
-SOURCES.register("parquet", ParquetSource, aliases=("pq",))
+# CSV and Parquet are read with pyarrow (``fastload[parquet]``): a missing pyarrow is one
+# MissingDependencyError when the source is opened, never an error per file or record.
+SOURCES.register("csv", CsvSource, extra="parquet", modules=("pyarrow",))
+SOURCES.register("parquet", ParquetSource, extra="parquet", modules=("pyarrow",), aliases=("pq",))
 SOURCES.register("shards", ShardSource, aliases=("webdataset", "wds", "tfrecord", "lmdb"))
 
 _RECORD_TYPES = (
@@ -189,6 +191,8 @@ def open_source(
 
     Raises:
         InvalidArgumentError: Unknown ``source_type`` or empty corpus.
+        MissingDependencyError: The source type needs an optional package that is not installed
+            (CSV and Parquet: pyarrow, ``pip install 'fastload[parquet]'``).
         ObjectNotFoundError: ``src`` does not exist.
     """
     text = os.fspath(src)
@@ -220,7 +224,11 @@ def open_source(
         name = source_type
     else:
         name, warnings = _detect(store, keys, listing, where=text)
-    cls = SOURCES.load(name)
+    try:
+        cls = SOURCES.load(name)
+    except MissingDependencyError as exc:
+        exc.add_note(f"(converting {text} as source type {SOURCES.canonical(name)})")
+        raise
     canonical = SOURCES.canonical(name)
     extra: dict[str, Any] = {}
     if cls is ShardSource and canonical == "shards" and name.lower() != canonical:

@@ -7,7 +7,7 @@ from typing import Any
 
 from fastload.convert.sources._base import PlanReporter, Unit, sanitize_field_name
 from fastload.convert.sources._records import RecordSource, record_key, record_sample
-from fastload.errors import CorruptDataError, FastloadError
+from fastload.errors import CorruptDataError, FastloadError, MissingDependencyError
 from fastload.formats._sample import KEY
 
 __all__ = ["CsvSource", "ParquetSource"]
@@ -90,6 +90,8 @@ class CsvSource(_TableSource):
                     for _ in range(batch.num_rows):
                         yield Unit(f"{meta.key}:row {row}", (meta.key, 0, row), per_row, len(names))
                         row += 1
+            except MissingDependencyError:
+                raise  # the whole source needs it: not an error of this file
             except (OSError, FastloadError) as exc:
                 report(meta.key, f"cannot be read: {exc}")
             except Exception as exc:  # pyarrow.ArrowInvalid and friends
@@ -116,6 +118,8 @@ class CsvSource(_TableSource):
                     nxt = next(wanted, None)
                 yield from self._rows(key, picked)
                 row += len(records)
+        except MissingDependencyError:
+            raise
         except Exception as exc:
             err = (
                 exc
@@ -157,6 +161,8 @@ class ParquetSource(_TableSource):
                     for _ in range(rg.num_rows):
                         yield Unit(f"{meta.key}:row {row}", (meta.key, g, row), per_row, len(names))
                         row += 1
+            except MissingDependencyError:
+                raise  # the whole source needs it: not an error of this file
             except (OSError, FastloadError) as exc:
                 report(meta.key, f"cannot be read: {exc}")
             except Exception as exc:
@@ -169,6 +175,8 @@ class ParquetSource(_TableSource):
             pf = self._file(key)
             first_row = sum(pf.metadata.row_group(g).num_rows for g in range(group))
             records = pf.read_row_group(group).to_pylist()
+        except MissingDependencyError:
+            raise
         except Exception as exc:
             err = (
                 exc
