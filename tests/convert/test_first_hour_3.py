@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,21 +15,7 @@ import pytest
 from fastload.formats import Manifest
 from fastload.formats.manifest import write_manifest
 from fastload.storage import open_store
-
-FASTLOAD = str(Path(sys.executable).with_name("fastload"))
-
-
-def run_cli(
-    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [FASTLOAD, *args],
-        cwd=cwd,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+from tests.convert.test_first_hour import run_cli
 
 
 def url(path: Path) -> str:
@@ -60,7 +45,9 @@ def test_csv_and_parquet_without_pyarrow_name_the_extra_once(
     (src / name).write_bytes(b"a,b\n1,2\n" if name.endswith("csv") else b"PAR1 not read")
     (src / f"more{Path(name).suffix}").write_bytes(b"a,b\n3,4\n")
     kind = "csv" if name.endswith("csv") else "parquet"
-    proc = run_cli("convert", "src", "out", "--on-error", on_error, cwd=tmp_path, env=without_pyarrow)
+    proc = run_cli(
+        "convert", "src", "out", "--on-error", on_error, cwd=tmp_path, env=without_pyarrow
+    )
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr == (
         f"fastload convert: error: the {kind} conversion source needs the Python package "
@@ -80,9 +67,7 @@ def test_missing_pyarrow_is_a_missing_dependency_error_in_python(
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     with pytest.raises(MissingDependencyError, match=r"pip install 'fastload\[parquet\]'") as info:
         fastload.convert(tmp_path / "one.csv", tmp_path / "out", on_error="skip", quiet=True)
-    assert f"converting {tmp_path / 'one.csv'} as source type csv" in "".join(
-        info.value.__notes__
-    )
+    assert f"converting {tmp_path / 'one.csv'} as source type csv" in "".join(info.value.__notes__)
 
 
 def test_readme_says_which_sources_need_which_extra() -> None:
@@ -159,6 +144,7 @@ def test_small_records_as_webdataset_warn_from_the_plan(short_records: Path) -> 
     proc = run_cli("convert", "c.jsonl", "wds", cwd=short_records)
     assert proc.returncode == 0, proc.stderr
     warning, summary = proc.stderr.splitlines()
+    assert summary.startswith("converted 20000 samples (source jsonl, no class list) into 1 ")
     assert warning.startswith(
         "fastload convert: warning: the first shard's 20000 samples hold 40 bytes of data each on "
         "average; as WebDataset (tar) members each field costs a 512-byte header and pads its "
