@@ -17,6 +17,7 @@ Exit status (every subcommand):
   1  error (message on stderr), or ``verify`` found problems
   2  invalid command line
   3  ``convert`` completed, but ``--on-error skip`` skipped items (listed in the skip report)
+  4  ``verify`` could not read the store (network or server, after the retries): no verdict
   130 interrupted (Ctrl-C); a re-run of ``convert`` resumes
 """
 
@@ -36,6 +37,7 @@ from fastload.cli._common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_SKIPPED,
+    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     UsageError,
 )
@@ -48,6 +50,7 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_SKIPPED",
+    "EXIT_UNAVAILABLE",
     "EXIT_USAGE",
     "SUBCOMMANDS",
     "build_parser",

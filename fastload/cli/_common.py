@@ -15,6 +15,7 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_SKIPPED",
+    "EXIT_UNAVAILABLE",
     "EXIT_USAGE",
     "UsageError",
     "add_command",
@@ -36,6 +37,8 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 #: Exit status: conversion completed, but ``--on-error skip`` skipped items (see the report).
 EXIT_SKIPPED = 3
+#: Exit status: ``verify`` could not read the store (retries ran out): no verdict on the data.
+EXIT_UNAVAILABLE = 4
 #: Exit status: interrupted (Ctrl-C); a re-run of ``convert`` resumes.
 EXIT_INTERRUPTED = 130
 
@@ -45,6 +48,7 @@ EXIT_CODES_HELP = """exit status:
   1    error (message on stderr), or verify found problems
   2    invalid command line
   3    convert completed, but --on-error skip skipped items (see _fastload_skipped.jsonl)
+  4    verify could not read the store (network or server; retries ran out): no verdict
   130  interrupted; re-run the same convert command to resume
 """
 

@@ -12,6 +12,7 @@ from typing import Any
 from fastload.cli._common import (
     EXIT_ERROR,
     EXIT_OK,
+    EXIT_UNAVAILABLE,
     add_command,
     count,
     out,
@@ -21,6 +22,7 @@ from fastload.cli._common import (
     table,
 )
 from fastload.cli._store_options import add_store_options, url_store_options
+from fastload.errors import StoreUnavailableError, TransientStoreError
 
 __all__ = ["add_index", "add_inspect", "add_verify"]
 
@@ -30,7 +32,8 @@ _DATASET_URL = "dataset root (directory or store URL)"
 _HELP = {
     "inspect": ("summarise a dataset: manifest, schema, shards, first samples", _DATASET_URL),
     "verify": (
-        "recompute checksums, sizes, sample counts and indexes against the manifest",
+        "recompute checksums, sizes, sample counts and indexes against the manifest "
+        "(exit 1: problems found; 4: the store could not be read, no verdict)",
         _DATASET_URL,
     ),
     "index": (
@@ -151,13 +154,23 @@ def add_verify(sub: Any) -> None:
 def _run_verify(args: argparse.Namespace) -> int:
     from fastload.convert import verify_dataset
 
-    report = verify_dataset(
-        args.url,
-        check_index=not args.no_index,
-        store_options=url_store_options(args),
-        progress=shard_progress("verify"),
-        workers=args.workers,
-    )
+    try:
+        report = verify_dataset(
+            args.url,
+            check_index=not args.no_index,
+            store_options=url_store_options(args),
+            progress=shard_progress("verify"),
+            workers=args.workers,
+        )
+    except (StoreUnavailableError, TransientStoreError) as exc:
+        # The store could not be read: say so, and give no verdict on the data.
+        sys.stderr.write(
+            f"fastload verify: UNREADABLE {exc}\nNo verdict on {args.url}: the store could not "
+            "be read (network or server), which says nothing about whether the data is "
+            "damaged; run verify again when the store answers (for slow answers: --store-option "
+            "read_timeout=SECONDS)\n"
+        )
+        return EXIT_UNAVAILABLE
     if args.json:
         out(json.dumps(report.to_json(), indent=2, sort_keys=True))
     else:

@@ -21,8 +21,11 @@ Built on boto3 (chosen by measurement against the local Ceph RGW; see
   :func:`fastload.open_store` adds it for ``s3://`` URLs by default (``retry=...`` to change it);
   :class:`S3Store` itself does not retry, and its streamed reader does not resume a broken
   stream: ``RetryStore`` does, at the offset reached.
-  Errors that a retry may cure (throttling, 5xx, timeouts, refused or dropped connections) are raised as
-  :class:`~fastload.errors.TransientStoreError`; 403/404 are not retryable.
+  Errors that a retry may cure (throttling, 5xx, timeouts, refused or dropped connections, a
+  response cut inside its headers or body) are raised as
+  :class:`~fastload.errors.TransientStoreError`; 403/404 are not retryable. A response whose
+  connection was cut inside its headers, which Python's HTTP client hands on as if it were whole,
+  is recognised before botocore parses it (:mod:`._s3_responses`).
 * **Atomicity**: ``put`` is one PUT; ``open_writer`` is a multipart upload (objects smaller than one
   part become one PUT on commit). S3 makes either visible whole, at completion. An aborted or failed
   writer aborts its multipart upload, so no parts are left behind.

@@ -14,12 +14,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from fastload.convert.tools._common import count_fields, sha256_of
-from fastload.errors import FastloadError, ObjectNotFoundError
+from fastload.errors import (
+    FastloadError,
+    ObjectNotFoundError,
+    StoreError,
+    StoreUnavailableError,
+)
 from fastload.formats import Format, ShardEntry, get_format
 from fastload.formats._base import DAMAGED_SHARD_REMEDY, ShardReader
 from fastload.storage import Store
 
-__all__ = ["ShardCheck", "check_shards"]
+__all__ = ["ShardCheck", "check_shards", "store_failure"]
 
 _REMEDY = DAMAGED_SHARD_REMEDY.removeprefix("; ")
 
@@ -59,7 +64,9 @@ def check_shard(store: Store, fmt: Format, entry: ShardEntry, check_index: bool)
     reading it yields the entry's sample count without errors; and, with ``check_index``, its
     index (rebuilt with the format's ``build_index``) equals the stored one byte for byte.
 
-    A damaged shard never raises here: every fault becomes a problem sentence.
+    A damaged shard never raises here: every fault becomes a problem sentence. A store that
+    could not be read (the network, the server: :func:`store_failure`) is no fault of the shard
+    and gives no verdict: that error is raised.
     """
     check = ShardCheck()
     where = store.child_url(entry.name)
@@ -69,6 +76,7 @@ def check_shard(store: Store, fmt: Format, entry: ShardEntry, check_index: bool)
         check.problems.append(f"{where}: shard is missing")
         return check
     except (OSError, FastloadError) as exc:
+        _raise_store_failure(exc)
         check.problems.append(f"{where}: cannot be read: {exc}")
         return check
     if size != entry.num_bytes:
@@ -113,6 +121,7 @@ def _read_back(
             check.samples += 1
             count_fields(sample, check.field_counts)
     except (OSError, FastloadError) as exc:
+        _raise_store_failure(exc)
         check.problems.append(f"{where}: reading failed after {check.samples} samples: {exc}")
     except Exception as exc:  # a damaged shard must never crash verify: report it
         check.problems.append(
@@ -134,6 +143,30 @@ def _read_back(
         if reader is not None:
             reader.close()
     return rebuilt
+
+
+def store_failure(exc: BaseException) -> StoreError | None:
+    """The error in ``exc``'s chain (itself, its ``__cause__``/``__context__``) that says the
+    store could not be read, not that the data is damaged: a
+    :class:`~fastload.errors.StoreUnavailableError` (the retries ran out) or a retryable
+    :class:`~fastload.errors.StoreError` (a store without retries); else None."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and len(seen) < 32 and all(current is not e for e in seen):
+        if isinstance(current, StoreUnavailableError) or (
+            isinstance(current, StoreError) and current.retryable
+        ):
+            return current
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _raise_store_failure(exc: BaseException) -> None:
+    """Raise the store failure in ``exc``'s chain, if there is one (see :func:`store_failure`)."""
+    failure = store_failure(exc)
+    if failure is not None:
+        raise failure from failure.__cause__  # keeps its own chain
 
 
 def _first_difference(a: bytes, b: bytes) -> int:
@@ -170,6 +203,7 @@ def _check_index(
     try:
         expected = rebuild()
     except Exception as exc:  # a damaged shard (reported above) cannot be indexed
+        _raise_store_failure(exc)
         check.problems.append(f"{where}: cannot rebuild its index to compare: {exc}")
         return
     if expected is not None and stored != expected:

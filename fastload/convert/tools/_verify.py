@@ -107,7 +107,14 @@ def verify_dataset(
             reading samples back is Python work that holds the GIL; the store is pickled to
             them (every fastload store pickles by configuration).
 
+    A damage verdict needs data that was read: a store that cannot be read (the network or
+    the server failing past the retries) raises instead of reporting problems, so an intact
+    shard is never called damaged for a network fault.
+
     Raises:
+        StoreUnavailableError: The store could not be read, even after the retries of its
+            :class:`~fastload.storage.RetryStore` (a retryable :class:`StoreError` for a store
+            without one); no verdict. ``fastload verify`` exits 4 then.
         ObjectNotFoundError: No manifest.
         ManifestError: The manifest itself is malformed.
         InvalidArgumentError: ``workers`` is not an int >= 1.
