@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import http.client
 import os
 import shutil
@@ -27,8 +26,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from fastload._fsutil import pid_alive
 from fastload.errors import FastloadError
+from fastload.testing._clusters import join, leave, live_users, locked, run_tool_script, tools_dir
 
 __all__ = [
     "INSTALL_HINT",
@@ -106,12 +105,6 @@ def run_dir() -> Path:
     return Path(os.environ.get("CEPH_RUN", "/tmp/fastload-ceph"))
 
 
-def tools_dir() -> Path:
-    """Where ``ceph-up.sh``/``ceph-down.sh`` live: ``$FASTLOAD_TOOLS`` or the checkout's ``tools/``."""
-    env = os.environ.get("FASTLOAD_TOOLS")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "tools"
-
-
 def ceph_missing() -> list[str]:
     """The Ceph programs the scripts need that are not on ``PATH`` (empty when all are there)."""
     return [p for p in _PROGRAMS if shutil.which(p) is None]
@@ -164,58 +157,16 @@ def _running(run: Path) -> CephS3 | None:
     return cluster if _answers(cluster.endpoint_url) else None
 
 
-def _script(name: str) -> Path:
-    path = tools_dir() / name
-    if not path.is_file():
-        raise CephStartError(
-            f"{path} not found; run from a fastload checkout or set FASTLOAD_TOOLS to its tools/"
-        )
-    return path
+# The names other cluster modules import from here (fastload.testing.hdfs).
+_locked = locked
+_users = live_users
 
 
 def _run_script(name: str, run: Path, timeout: float) -> str:
-    env = {**os.environ, "CEPH_RUN": str(run)}
-    try:
-        proc = subprocess.run(
-            ["bash", str(_script(name))],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise CephStartError(f"{name} did not finish within {timeout} s (logs: {run}/log)") from exc
-    if proc.returncode != 0:
-        raise CephStartError(
-            f"{name} failed with exit code {proc.returncode}:\n{proc.stderr.strip()}\n"
-            f"(logs: {run}/log; to fix: {INSTALL_HINT})"
-        )
+    proc = run_tool_script(
+        name, run, run_var="CEPH_RUN", timeout=timeout, error=CephStartError, hint=INSTALL_HINT
+    )
     return proc.stdout
-
-
-@contextlib.contextmanager
-def _locked(run: Path) -> Iterator[None]:
-    lock = run.parent / f".{run.name}.lock"
-    with open(lock, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _users(run: Path) -> list[int]:
-    users = run / "users"
-    live = []
-    for entry in users.glob("*") if users.is_dir() else ():
-        pid = int(entry.name) if entry.name.isdigit() else -1
-        if pid > 0 and pid_alive(pid):
-            live.append(pid)
-        else:
-            entry.unlink(missing_ok=True)
-    return live
 
 
 def acquire(start_timeout: float = 180.0) -> CephS3:
@@ -234,21 +185,14 @@ def acquire(start_timeout: float = 180.0) -> CephS3:
                 raise CephStartError(f"{', '.join(missing)} not found on PATH; {INSTALL_HINT}")
             out = _run_script("ceph-up.sh", run, start_timeout)
             cluster = _cluster_from_env(_parse_env(out), run, started=True)
-            (run / "fixture-started").touch()
-        (run / "users").mkdir(exist_ok=True)
-        (run / "users" / str(os.getpid())).touch()
+        join(run, started=cluster.started)
         return cluster
 
 
 def release(cluster: CephS3, stop_timeout: float = 120.0) -> None:
     """Stop counting this process; stop the cluster if a test session started it and it is unused."""
     run = Path(cluster.run_dir)
-    if not run.is_dir():
-        return
-    with _locked(run):
-        (run / "users" / str(os.getpid())).unlink(missing_ok=True)
-        if (run / "fixture-started").exists() and not _users(run):
-            _run_script("ceph-down.sh", run, stop_timeout)
+    leave(run, lambda: _run_script("ceph-down.sh", run, stop_timeout))
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 
 from fastload.errors import FastloadError
-from fastload.testing.ceph import _locked, _users, tools_dir
+from fastload.testing._clusters import join, leave, locked, run_tool_script
 
 __all__ = ["INSTALL_HINT", "Slurm", "SlurmStartError", "acquire", "release", "slurm_missing"]
 
@@ -68,31 +68,9 @@ def slurm_missing() -> list[str]:
 
 
 def _run_script(name: str, run: Path, timeout: float) -> subprocess.CompletedProcess[str]:
-    script = tools_dir() / name
-    if not script.is_file():
-        raise SlurmStartError(
-            f"{script} not found; run from a fastload checkout or set FASTLOAD_TOOLS to its tools/"
-        )
-    try:
-        proc = subprocess.run(
-            ["bash", str(script)],
-            env={**os.environ, "SLURM_RUN": str(run)},
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise SlurmStartError(
-            f"{name} did not finish within {timeout} s (logs: {run}/log)"
-        ) from exc
-    if proc.returncode != 0:
-        raise SlurmStartError(
-            f"{name} failed with exit code {proc.returncode}:\n{proc.stderr.strip()}\n"
-            f"(logs: {run}/log; to fix: {INSTALL_HINT})"
-        )
-    return proc
+    return run_tool_script(
+        name, run, run_var="SLURM_RUN", timeout=timeout, error=SlurmStartError, hint=INSTALL_HINT
+    )
 
 
 def acquire(start_timeout: float = 120.0) -> Slurm:
@@ -106,22 +84,14 @@ def acquire(start_timeout: float = 120.0) -> Slurm:
         raise SlurmStartError(f"{', '.join(missing)} missing; {INSTALL_HINT}")
     run = run_dir()
     run.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(run):
+    with locked(run):
         # slurm-up.sh reuses a cluster that answers, and says so
         started = "reusing" not in _run_script("slurm-up.sh", run, start_timeout).stderr
-        if started:
-            (run / "fixture-started").touch()
-        (run / "users").mkdir(exist_ok=True)
-        (run / "users" / str(os.getpid())).touch()
+        join(run, started=started)
         return Slurm(conf=str(run / "slurm.conf"), run_dir=str(run), started=started)
 
 
 def release(cluster: Slurm, stop_timeout: float = 60.0) -> None:
     """Stop counting this process; stop the cluster if a test session started it and it is unused."""
     run = Path(cluster.run_dir)
-    if not run.is_dir():
-        return
-    with _locked(run):
-        (run / "users" / str(os.getpid())).unlink(missing_ok=True)
-        if (run / "fixture-started").exists() and not _users(run):
-            _run_script("slurm-down.sh", run, stop_timeout)
+    leave(run, lambda: _run_script("slurm-down.sh", run, stop_timeout))

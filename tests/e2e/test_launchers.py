@@ -52,15 +52,8 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def run(cmd: list[str], env: dict[str, str], timeout: float = 240) -> str:
-    proc = subprocess.run(
-        cmd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        stdin=subprocess.DEVNULL,
-    )
+    kw: dict[str, Any] = {"capture_output": True, "text": True, "stdin": subprocess.DEVNULL}
+    proc = subprocess.run(cmd, env=env, timeout=timeout, check=False, **kw)
     out = f"$ {' '.join(cmd)}\n{proc.stdout[-4000:]}{proc.stderr[-4000:]}"
     assert proc.returncode == 0, out
     return out

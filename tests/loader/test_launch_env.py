@@ -21,6 +21,7 @@ from fastload.errors import InvalidArgumentError, LaunchEnvironmentError
 from fastload.loader import Launch, TokenLoader, detect_launch, detect_rank_world, open_tokens
 from fastload.loader._launch import LAUNCH_VARIABLES, parse_environment, tasks_per_node
 from fastload.storage import LocalStore
+from fastload.testing import need
 from fastload.testing.tokens import write_token_dataset
 
 # --- what the launchers set (one process's view) -------------------------------------------------
@@ -331,3 +332,19 @@ def test_dali_picks_the_launchers_local_rank() -> None:
     assert local_rank(launch(MPIRUN)) == 1
     assert local_rank(launch(SRUN)) == 2
     assert local_rank(launch({}, 0, 1)) == 0  # no local rank: rank modulo the GPUs (or 0)
+
+
+def test_the_dali_loader_takes_the_launchers_place(
+    fake: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    from fastload.dali import DALILoader, dali_available
+
+    need("DALI", dali_available(), "pip install 'fastload[dali]'")
+    for name, value in SRUN.items():
+        monkeypatch.setenv(name, value)
+    data = fake.build_format_dataset(str(tmp_path / "ds"), [7, 5], "webdataset")
+    loader = DALILoader(data, 2, fields=("bin", "cls"), device="cpu")
+    assert (loader.rank, loader.world_size) == (2, 3)
+    monkeypatch.delenv("SLURM_PROCID")
+    with pytest.raises(LaunchEnvironmentError, match="SLURM_PROCID"):
+        DALILoader(data, 2, fields=("bin", "cls"), device="cpu")
