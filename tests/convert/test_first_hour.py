@@ -171,24 +171,30 @@ def test_a_mostly_image_tree_that_falls_back_to_files_says_why(tmp_path: Path) -
     assert "would write 6 samples (source imagefolder, 2 classes)" in forced.stderr
 
 
-def test_one_extra_level_is_named_and_the_inner_folder_suggested(tmp_path: Path) -> None:
+def test_one_extra_level_is_refused_and_the_inner_folders_suggested(tmp_path: Path) -> None:
+    # Issue 29: converted whole, train/ and val/ would be mixed without labels; exit 0 with a
+    # warning let scripts that check exit codes go on with that dataset.
     files = images(*(f"{s}/{c}/{i}.jpg" for s in ("train", "val") for c in "ab" for i in "01"))
     write_files(tmp_path / "root", files)
     proc = run_cli("convert", "root", "out", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stderr.splitlines()
-    assert lines[0] == (
-        "fastload convert: warning: root is taken as a file tree (source type files), so its "
-        "samples get no class label: its images are two directories deep (such as "
-        "train/a/0.jpg), as in image folders one level down (train, val). To convert one of "
-        "them as an image folder with a class label per image, point the source at it, e.g. "
-        "root/train; pass --source-type files (source_type='files') to keep the whole tree as "
-        "files without this warning"
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr == (
+        "fastload convert: error: root holds 2 image folders one level down (train, val: its "
+        "images are two directories deep, such as train/a/0.jpg), so its type is ambiguous: "
+        "converted whole, it would mix them in one dataset without class labels. Convert each "
+        "one as an image folder, with a class label per image: fastload convert root/train "
+        "DST/train and fastload convert root/val DST/val; or pass --source-type files "
+        "(source_type='files') to convert the whole tree as files keyed by path, without labels\n"
     )
-    assert lines[1].startswith("converted 8 samples (source files, no class list) into 1 ")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(InvalidArgumentError, match="2 image folders one level down"):
+        detect_source_type(open_store(tmp_path / "root"))
     inner = run_cli("convert", "root/train", "out-train", cwd=tmp_path)
     assert inner.returncode == 0, inner.stderr
     assert inner.stderr.startswith("converted 4 samples (source imagefolder, 2 classes)")
+    whole = run_cli("convert", "root", "out", "--source-type", "files", cwd=tmp_path)
+    assert whole.returncode == 0, whole.stderr
+    assert whole.stderr.startswith("converted 8 samples (source files, no class list) into 1 ")
 
 
 def test_empty_images_are_item_errors_in_every_source(tmp_path: Path, cv: Any) -> None:

@@ -135,17 +135,7 @@ def _detect(
     if 2 * n_images <= len(names):  # not mostly images: a file tree, nothing to say
         return "files", []
     if _not_an_image_folder(names, 2) is None:
-        example = next(n for n in names if image_depth(n) == 2)
-        splits = sorted({n.split("/")[0] for n in names if image_depth(n) == 2})
-        inner = where.rstrip("/") + "/" + splits[0]
-        return "files", [
-            f"{where} is taken as a file tree (source type files), so its samples get no class "
-            f"label: its images are two directories deep (such as {example}), as in image "
-            f"folders one level down ({few(splits)}). To convert one of them as an image folder "
-            f"with a class label per image, point the source at it, e.g. {inner}; pass "
-            "--source-type files (source_type='files') to keep the whole tree as files without "
-            "this warning"
-        ]
+        raise _image_folders_inside(where, names)
     if not any(image_depth(n) == 1 for n in names):  # a flat or deeper tree: files, clearly
         return "files", []
     return "files", [
@@ -157,6 +147,25 @@ def _detect(
         "image (the other files are then left out and named), or --source-type files to keep it "
         "a file tree without this warning"
     ]
+
+
+def _image_folders_inside(where: str, names: Sequence[str]) -> InvalidArgumentError:
+    """The error of a tree whose images are all two directories deep (``root/train/<class>/``,
+    ``root/val/<class>/``): image folders one level down, which converting the tree whole would
+    mix, without class labels (issue 29)."""
+    example = next(n for n in names if image_depth(n) == 2)
+    splits = sorted({n.split("/")[0] for n in names if image_depth(n) == 2})
+    root = where.rstrip("/")
+    each = " and ".join(f"fastload convert {root}/{s} DST/{s}" for s in splits[:2])
+    more = f" (and the same for {few(splits[2:])})" if len(splits) > 2 else ""
+    return InvalidArgumentError(
+        f"{root} holds {plural(len(splits), 'image folder')} one level down ({few(splits)}: its "
+        f"images are two directories deep, such as {example}), so its type is ambiguous: "
+        "converted whole, it would mix them in one dataset without class labels. Convert each "
+        f"one as an image folder, with a class label per image: {each}{more}; or pass "
+        "--source-type files (source_type='files') to convert the whole tree as files keyed by "
+        "path, without labels"
+    )
 
 
 def detect_source_type(
@@ -173,7 +182,9 @@ def detect_source_type(
     :func:`open_source` also warns when a tree of mostly images falls back to ``files``.
 
     Raises:
-        InvalidArgumentError: The corpus is empty.
+        InvalidArgumentError: The corpus is empty, or its images are all two directories deep
+            (``root/train/<class>/<image>``, ``root/val/...``): image folders one level down,
+            which only ``source_type="files"`` converts whole (the message says so).
     """
     return _detect(store, keys, listing)[0]
 
@@ -190,7 +201,8 @@ def open_source(
     is a one-file corpus read from its parent directory.
 
     Raises:
-        InvalidArgumentError: Unknown ``source_type`` or empty corpus.
+        InvalidArgumentError: Unknown ``source_type``, empty corpus, or a tree of image folders
+            one level down without ``source_type`` (see :func:`detect_source_type`).
         MissingDependencyError: The source type needs an optional package that is not installed
             (CSV and Parquet: pyarrow, ``pip install 'fastload[parquet]'``).
         ObjectNotFoundError: ``src`` does not exist.
