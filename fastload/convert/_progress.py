@@ -82,10 +82,20 @@ class Progress:
 
     def planned(self, samples: int, nbytes: int, *, complete: bool) -> None:
         """Set the totals planned so far; ``complete``: the plan is whole (until then the
-        percentage and ETA are unknown)."""
+        percentage and ETA are unknown: the bar shows the samples planned so far as its total,
+        ``(planning)`` instead of a percentage, and no ETA, as the plain line does)."""
+        changed = (samples, complete) != (self.total_samples, self.complete)
         self.total_samples, self.total_bytes, self.complete = samples, nbytes, complete
-        if self._bar is not None and self._bar.total != samples:
-            self._bar.total = samples
+        if self._bar is not None and changed:
+            if complete:
+                self._bar.bar_format = None  # tqdm's own: percentage, bar, ETA
+                self._bar.total = samples
+            else:
+                self._bar.total = None  # no percentage, no ETA
+                self._bar.bar_format = (
+                    f"{{desc}}: {{n_fmt}}/{samples} samples (planning) "
+                    "[{elapsed}, {rate_fmt}{postfix}]"
+                )
             self._bar.refresh()
 
     def update(self, samples: int, nbytes: int) -> None:

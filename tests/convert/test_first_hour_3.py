@@ -5,8 +5,10 @@ Command-line tests run the installed ``fastload`` command, as a user does.
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -182,3 +184,42 @@ def test_large_samples_as_webdataset_do_not_warn(tmp_path: Path) -> None:
     proc = run_cli("convert", "root", "out", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.startswith("converted 80 samples"), proc.stderr
+
+
+# ---- 8. the progress bar while the plan streams ------------------------------------------------
+
+
+class _Terminal(io.StringIO):
+    """A stream that says it is a terminal: ``convert`` draws its tqdm bar on it."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_bar_shows_no_percentage_or_eta_until_the_plan_is_whole(tmp_path: Path) -> None:
+    import fastload
+
+    lines = "".join(json.dumps({"text": f"record {i}"}) + "\n" for i in range(400))
+    (tmp_path / "c.jsonl").write_text(lines)
+    terminal = _Terminal()
+    fastload.convert(
+        tmp_path / "c.jsonl",
+        tmp_path / "out",
+        format="tfrecord",
+        shard_samples=20,
+        workers=1,
+        progress_stream=terminal,
+    )
+    frames = [f for f in re.split(r"[\r\n]", terminal.getvalue()) if f.startswith("converting")]
+    planning = [f for f in frames if "(planning)" in f]
+    # 20 shards, planned one ahead of the writing: the total grows while the bar is drawn.
+    totals = [int(m.group(1)) for f in planning if (m := re.search(r"/(\d+) samples", f))]
+    assert len(set(totals)) > 5, frames
+    assert max(totals) < 400
+    for frame in planning:
+        assert "%" not in frame, frame  # no percentage
+        assert "<" not in frame, frame  # no ETA
+    whole = frames[frames.index(planning[-1]) + 1 :]
+    assert whole, frames
+    assert all("(planning)" not in f for f in whole), frames
+    assert re.match(r"converting: 100%\|#+\| 400/400 \[", whole[-1]), whole[-1]
