@@ -43,6 +43,7 @@ from typing import IO, Any
 from fastload._units import check_int
 from fastload._version import __version__
 from fastload.convert._empty import no_samples, nothing_kept
+from fastload.convert._engines import get_engine
 from fastload.convert._guard import Guard, check_not_inside
 from fastload.convert._map import MapFn, map_name, resolve_map
 from fastload.convert._overhead import measured_tar_overhead, planned_tar_overhead
@@ -60,7 +61,6 @@ from fastload.convert._pool import (
     InProcess,
     Pool,
     ShardRecords,
-    get_engine,
     run_jobs,
     starts_before_planning,
 )

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from fastload.convert._pool import ENGINES, TaskExecutor, import_engine, write_shipped_job
+from fastload.convert._engines import ENGINES, TaskExecutor, import_engine, write_shipped_job
 from fastload.errors import InvalidArgumentError, WorkerError
 from fastload.storage import Store
 
@@ -55,7 +55,7 @@ class RayExecutor(TaskExecutor):
             cluster that ``RAY_ADDRESS`` names, else starts a local one. A runtime started here
             is shut down by :meth:`shutdown`; one the caller started is left running.
         source: The source's store (``convert`` refuses ``memory://`` stores for every
-            cluster engine, :meth:`Engine.open <fastload.convert._pool.Engine.open>`).
+            cluster engine, :meth:`Engine.open <fastload.convert._engines.Engine.open>`).
         dst: The destination store.
 
     Raises:

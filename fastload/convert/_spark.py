@@ -39,7 +39,7 @@ import uuid
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
-from fastload.convert._pool import ENGINES, TaskExecutor, import_engine, write_shipped_job
+from fastload.convert._engines import ENGINES, TaskExecutor, import_engine, write_shipped_job
 from fastload.errors import InvalidArgumentError, WorkerError
 from fastload.storage import Store
 

@@ -1,7 +1,7 @@
 """The conformance suite every conversion executor (``convert(..., executor=NAME)``) must pass.
 
 An executor (:class:`fastload.convert._pool.Executor`, registered by name in
-:data:`fastload.convert._pool.ENGINES`) writes a conversion's shard jobs. The contract it keeps,
+:data:`fastload.convert._engines.ENGINES`) writes a conversion's shard jobs. The contract it keeps,
 and this suite checks:
 
 * every job's shard is written and committed with its done record, and the output is
@@ -41,6 +41,9 @@ SIGKILLs itself), ``fail`` (the sample ``src/000000410`` raises), ``hold`` (samp
 needs the ``ceph_s3`` and ``s3_bucket`` fixtures of fastload's ``tests/conftest.py``, the HDFS
 test the ``hdfs_cluster`` fixture of :mod:`fastload.testing.hdfs` (import it into the test
 module).
+
+Why one file: it is one suite, read as one contract; the fault module, the reference conversion
+and the comparison helpers exist only for its tests (as ``fastload.testing.store`` keeps its own).
 """
 
 from __future__ import annotations
@@ -62,8 +65,9 @@ import pytest
 from fastload._fsutil import pid_alive
 from fastload.cli import main
 from fastload.convert import convert
+from fastload.convert._engines import ENGINES
 from fastload.convert._plan import PlanStream, ShardLayout
-from fastload.convert._pool import ENGINES, Executor, Pool, ShardRecords, run_jobs
+from fastload.convert._pool import Executor, Pool, ShardRecords, run_jobs
 from fastload.convert._progress import Progress
 from fastload.convert._state import PLAN_KEY
 from fastload.convert._worker import ShardJob
@@ -252,7 +256,7 @@ def check_writes_every_job(executor: Executor, tmp_path: Path, ahead: int) -> No
 class ExecutorTests:
     """Conformance tests for one executor; subclass, set :attr:`executor`, override ``engine``."""
 
-    #: The executor's name in :data:`fastload.convert._pool.ENGINES`.
+    #: The executor's name in :data:`fastload.convert._engines.ENGINES`.
     executor: str = ""
     #: Shards a job may be planned ahead of the committed ones (the executor's look-ahead).
     ahead: int = 4
