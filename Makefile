@@ -46,7 +46,7 @@ $(DEMO_STAMP): pyproject.toml
 
 ## demo: convert a generated sample corpus, verify it, train a few steps and resume (local storage)
 demo: $(DEMO_STAMP)
-	@echo "demo: running python -m fastload.demo (its first start also compiles torch's bytecode)"
+	@echo "demo: running python -m fastload.demo (the first run after an install also compiles the bytecode of the torch modules it imports, ~7 s)"
 	$(DEMO_PY) -m fastload.demo
 
 TF_STAMP = .venv-tf/.installed

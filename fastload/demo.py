@@ -3,7 +3,8 @@
 ``python -m fastload.demo`` (what ``make demo`` runs) does, on local storage only:
 
 1. writes a corpus of photo-like JPEGs as an image folder (``root/<class>/<file>.jpg``), printing
-   progress (a bar on a terminal, a line every tenth of the corpus otherwise);
+   progress (a bar on a terminal, a line every tenth of the corpus otherwise); a re-run keeps
+   the images already there and says so;
 2. converts it with :func:`fastload.convert` into WebDataset shards with DALI-compatible indexes and
    a ``fastload.json`` manifest;
 3. verifies the shards as ``fastload verify`` does (:func:`fastload.convert.verify_dataset`: sizes,
@@ -192,14 +193,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # 1. A corpus (kept between runs).
     t0 = time.perf_counter()
-    _say(f"[1/5] corpus: writing {args.images} photo-like JPEGs to {images} ...")
-    progress = _CorpusProgress(args.images)
+    kept = sum(1 for _ in images.glob("c*/img*.jpg")) if images.is_dir() else 0
+    if kept >= args.images:  # a re-run: the generator only checks that each image is there
+        progress = None
+        _say(f"[1/5] corpus: the {args.images} photo-like JPEGs of an earlier run, in {images}")
+    else:
+        more = f" more ({kept} kept from an earlier run)" if kept else ""
+        _say(f"[1/5] corpus: writing {args.images - kept}{more} photo-like JPEGs to {images} ...")
+        progress = _CorpusProgress(args.images)
     try:
         nbytes = write_image_folder(
             images, args.images, num_classes=args.classes, scale=2, progress=progress
         )
     finally:
-        progress.close()
+        if progress is not None:
+            progress.close()
     _say(
         f"[1/5] corpus: {args.images} JPEGs, {nbytes / 1e6:.1f} MB in {images} "
         f"({time.perf_counter() - t0:.1f} s)"
@@ -236,7 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for warning in report.warnings:
         _say(f"      verify warning: {warning}")
     if not report.ok:
-        _say(f"demo: `fastload verify {shards}` found {len(report.problems)} problem(s):")
+        found = f"{len(report.problems)} problem{'s' if len(report.problems) != 1 else ''}"
+        _say(f"demo: `fastload verify {shards}` found {found}:")
         for problem in report.problems:
             _say(f"      {problem}")
         _say(f"demo: delete {shards} and run the demo again to re-create the dataset")

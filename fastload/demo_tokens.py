@@ -30,6 +30,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+if __name__ == "__main__":  # torch's import takes seconds: say something first
+    print("demo_tokens: starting (importing torch) ...", flush=True)
+
 import numpy as np
 import torch
 from torch import nn
@@ -131,9 +134,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     text = out / "corpus" / "docs.txt"
     data = out / "tokens"
-    if not text.exists():
+    if text.exists():
+        print(f"corpus: {text}, kept from an earlier run", flush=True)
+    else:
+        print(f"corpus: writing {args.documents} documents to {text} ...", flush=True)
         write_corpus(text, args.documents, args.seed)
-    if not (data / "fastload.json").exists():
+    if (data / "fastload.json").exists():
+        print(f"tokens: {data}, kept from an earlier run", flush=True)
+    else:
+        print(f"tokens: converting {text} with the byte tokenizer into {data} ...", flush=True)
         t0 = time.perf_counter()
         fastload.convert(
             text.parent, data, tokenize=Tokenize("byte", block_tokens=1024), quiet=True
@@ -150,13 +159,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     losses: list[float] = []
     before: list[list[int]] = []
     loader.set_epoch(0)
+    print(f"training {steps} steps of {args.batch_size} sequences, resuming after {half} ...")
     for batch in loader:
         losses.append(_step(model, optimizer, batch))
         before.extend(_rows(batch))
+        if len(losses) in (1, half) or len(losses) % 50 == 0:
+            print(f"step {len(losses)}: loss {np.mean(losses[-20:]):.3f}", flush=True)
         if len(losses) == half:
             break
     state = loader.state_dict()  # what a checkpoint stores
-    print(f"step {half}: loss {losses[-1]:.3f}; saved loader state {state}")
+    print(f"step {half}: saved loader state {state}")
 
     resumed = fastload.TokenLoader(
         fastload.open_tokens(str(data), args.seq_len, seed=args.seed),

@@ -92,7 +92,12 @@ def test_demo_stops_on_a_shard_that_fails_verify(demo_run: tuple[Path, int, str]
 
     assert rc == 1
     lines = text.splitlines()
-    start = lines.index(f"demo: `fastload verify {out / 'shards'}` found 1 problem(s):")
+    # A re-run writes no image and says so (issue 29).
+    assert (
+        lines[0] == f"[1/5] corpus: the 96 photo-like JPEGs of an earlier run, in {out / 'images'}"
+    )
+    assert lines[1].startswith("[1/5] corpus: 96 JPEGs, ")
+    start = lines.index(f"demo: `fastload verify {out / 'shards'}` found 1 problem:")
     assert lines[start + 1].startswith(f"      {shard.as_uri()}: SHA-256 is ")
     assert "the manifest says" in lines[start + 1]
     assert lines[start + 2 :] == [

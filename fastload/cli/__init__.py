@@ -16,7 +16,8 @@ Exit status (every subcommand):
   0  success
   1  error (message on stderr), or ``verify`` found problems
   2  invalid command line
-  3  ``convert`` completed, but ``--on-error skip`` skipped items (listed in the skip report)
+  3  ``convert`` completed, but items were left out (skipped under ``--on-error skip``, or loops,
+     links not followed and duplicates in the tree; see ``_fastload_skipped.jsonl``)
   4  ``verify`` could not read the store (network or server, after the retries): no verdict
   130 interrupted (Ctrl-C); a re-run of ``convert`` resumes
 """

@@ -35,7 +35,8 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 #: Exit status: invalid command line.
 EXIT_USAGE = 2
-#: Exit status: conversion completed, but ``--on-error skip`` skipped items (see the report).
+#: Exit status: conversion completed, but items were left out: skipped under ``--on-error skip``,
+#: or loops, links not followed and duplicates of the source tree (see the skip report).
 EXIT_SKIPPED = 3
 #: Exit status: ``verify`` could not read the store (retries ran out): no verdict on the data.
 EXIT_UNAVAILABLE = 4
@@ -47,7 +48,8 @@ EXIT_CODES_HELP = """exit status:
   0    success
   1    error (message on stderr), or verify found problems
   2    invalid command line
-  3    convert completed, but --on-error skip skipped items (see _fastload_skipped.jsonl)
+  3    convert completed, but items were left out (skipped under --on-error skip, or
+       loops, links not followed and duplicates in the tree; see _fastload_skipped.jsonl)
   4    verify could not read the store (network or server; retries ran out): no verdict
   130  interrupted; re-run the same convert command to resume
 """

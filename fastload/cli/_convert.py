@@ -118,7 +118,8 @@ def add(sub: Any) -> None:
         choices=("raise", "skip"),
         default="raise",
         help="stop at the first bad item (raise, default) or skip bad items and list them in "
-        "_fastload_skipped.jsonl beside the manifest (exit status 3)",
+        "_fastload_skipped.jsonl beside the manifest (exit status 3; a conversion that keeps "
+        "no sample fails)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace a different dataset at DST")
     p.add_argument("--dry-run", action="store_true", help="print the plan; write nothing")

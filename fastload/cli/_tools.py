@@ -22,6 +22,7 @@ from fastload.cli._common import (
     table,
 )
 from fastload.cli._store_options import add_store_options, url_store_options
+from fastload.convert._progress import plural
 from fastload.errors import StoreUnavailableError, TransientStoreError
 
 __all__ = ["add_index", "add_inspect", "add_verify"]
@@ -100,7 +101,8 @@ def _run_inspect(args: argparse.Namespace) -> int:
         tokenizer = tokens.get("tokenizer") or {}
         name = tokenizer.get("file") or tokenizer.get("function") or ""
         out(
-            f"tokens    {tokens['tokens']} in {tokens['documents']} documents ({tokens['dtype']}, "
+            f"tokens    {tokens['tokens']} in {tokens['documents']} documents "
+            f"({_dtype_name(tokens['dtype'])}, "
             f"vocab {tokens['vocab_size']}, EOS {tokens['eos_id']}, blocks of "
             f"{tokens['block_tokens']}; tokenizer {tokenizer.get('kind', '?')}"
             + (f" {name})" if name else ")")
@@ -125,7 +127,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
         out(f"... {len(shards) - args.shards} more (--shards N or --json to see all)")
     if info["samples"]:
         out()
-        out(f"first {len(info['samples'])} samples")
+        out(f"first {plural(len(info['samples']), 'sample')}")
         sample_rows = [
             (s["key"], s["shard"], ", ".join(f"{k}={v}B" for k, v in s["field_bytes"].items()))
             for s in info["samples"]
@@ -178,12 +180,22 @@ def _run_verify(args: argparse.Namespace) -> int:
             out(f"PROBLEM {problem}")
         for note in report.warnings:
             out(f"NOTE {note}")
-        status = "OK" if report.ok else f"{len(report.problems)} problem(s)"
+        status = "OK" if report.ok else plural(len(report.problems), "problem")
         out(
-            f"{status}: checked {report.shards_checked} shards, read {report.samples_read} "
-            f"samples at {report.url}"
+            f"{status}: checked {plural(report.shards_checked, 'shard')}, read "
+            f"{plural(report.samples_read, 'sample')} at {report.url}"
         )
     return EXIT_OK if report.ok else EXIT_ERROR
+
+
+def _dtype_name(dtype: str) -> str:
+    """A token dataset's id type as numpy names it (``u2`` → ``uint16``)."""
+    import numpy as np
+
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        return dtype
 
 
 # ---- index -------------------------------------------------------------------------------------
@@ -201,6 +213,7 @@ def add_index(sub: Any) -> None:
 
 def _run_index(args: argparse.Namespace) -> int:
     from fastload.convert import index_dataset
+    from fastload.formats import get_format
 
     result = index_dataset(
         args.url,
@@ -209,11 +222,17 @@ def _run_index(args: argparse.Namespace) -> int:
         store_options=url_store_options(args),
         progress=shard_progress("index"),
     )
+    if get_format(result.format).build_index is None:  # LMDB: the environment is its index
+        done = "no index files needed (an LMDB shard is looked up by key)"
+    else:
+        done = (
+            f"wrote {plural(len(result.indexed), 'index file')}, {len(result.unchanged)} "
+            f"{'was' if len(result.unchanged) == 1 else 'were'} up to date"
+        )
     out(
-        f"{result.format}: wrote {len(result.indexed)} index files, {len(result.unchanged)} "
-        f"were up to date"
+        f"{result.format}: {done}"
         + ("; wrote fastload.json" if result.manifest_written else "")
-        + (f"; ignored {len(result.ignored)} other objects" if result.ignored else "")
+        + (f"; ignored {plural(len(result.ignored), 'other object')}" if result.ignored else "")
         + f" at {result.url}"
     )
     for note in result.warnings:

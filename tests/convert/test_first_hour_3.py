@@ -223,3 +223,38 @@ def test_the_bar_shows_no_percentage_or_eta_until_the_plan_is_whole(tmp_path: Pa
     assert whole, frames
     assert all("(planning)" not in f for f in whole), frames
     assert re.match(r"converting: 100%\|#+\| 400/400 \[", whole[-1]), whole[-1]
+
+
+# ---- 9. wording -------------------------------------------------------------------------------
+
+
+def test_one_shard_one_sample_lmdb_index_and_token_dtype_read_right(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("hello world\nsecond line\n")
+    made = run_cli("convert", "a.txt", "ds", "--tokenize", "byte", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    verify = run_cli("verify", "ds", cwd=tmp_path)
+    assert verify.stdout == f"OK: checked 1 shard, read 1 sample at {url(tmp_path / 'ds')}\n"
+    shown = run_cli("inspect", "ds", cwd=tmp_path).stdout.splitlines()
+    assert "tokens    24 in 2 documents (uint16, vocab 257, EOS 256, blocks of 8192; " in "\n".join(
+        shown
+    )
+    assert "first 1 sample" in shown
+    lmdb = run_cli("convert", "a.txt", "lm", "--format", "lmdb", cwd=tmp_path)
+    assert lmdb.returncode == 0, lmdb.stderr
+    (tmp_path / "lm" / "fastload.json").unlink()
+    index = run_cli("index", "lm", cwd=tmp_path)
+    assert index.stdout == (
+        "lmdb: no index files needed (an LMDB shard is looked up by key); wrote fastload.json "
+        f"at {url(tmp_path / 'lm')}\n"
+    )
+
+
+def test_exit_status_3_names_what_the_walk_leaves_out() -> None:
+    text = (
+        "  3    convert completed, but items were left out (skipped under --on-error skip, or\n"
+        "       loops, links not followed and duplicates in the tree; see _fastload_skipped.jsonl)"
+    )
+    for args in (["--help"], ["convert", "--help"], ["verify", "--help"]):
+        proc = run_cli(*args, cwd=Path.cwd())
+        assert proc.returncode == 0
+        assert text in proc.stdout, args

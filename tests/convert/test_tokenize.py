@@ -301,7 +301,7 @@ def test_inspect_and_verify_a_token_dataset(tmp_path: Path) -> None:
         [*CLI, "inspect", str(dst)], capture_output=True, text=True, check=True, timeout=60
     ).stdout
     assert (
-        f"tokens    {layout.num_tokens} in 59 documents (u2, vocab 257, EOS 256, blocks of 300; "
+        f"tokens    {layout.num_tokens} in 59 documents (uint16, vocab 257, EOS 256, blocks of 300; "
         "tokenizer byte)"
     ) in shown
     assert fc.inspect_dataset(dst)["tokens"]["tokens"] == layout.num_tokens

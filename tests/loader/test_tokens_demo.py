@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -37,3 +39,27 @@ def test_exactly_once_check_catches_repeats_and_losses() -> None:
     assert check_exactly_once(rows[:2], rows[1:], rows, counts, tail=1) is not None  # repeat
     assert check_exactly_once(rows[:1], rows[2:], rows, counts, tail=1) is not None  # lost
     assert check_exactly_once(rows[:1], rows[1:], rows, counts, tail=2) is not None  # tail
+
+
+def test_demo_says_what_it_does_before_each_slow_step(tmp_path: Path) -> None:
+    # Issue 29: ~10 s of silence before the first line (torch's import, the corpus, the
+    # conversion). Each step is announced before it runs, flushed; a re-run says what it reuses.
+    argv = [sys.executable, "-m", "fastload.demo_tokens", "--out", str(tmp_path)]
+    argv += ["--documents", "200", "--seq-len", "32", "--steps", "4"]
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    lines = first.stdout.splitlines()
+    text, data = tmp_path / "corpus" / "docs.txt", tmp_path / "tokens"
+    assert lines[:3] == [
+        "demo_tokens: starting (importing torch) ...",
+        f"corpus: writing 200 documents to {text} ...",
+        f"tokens: converting {text} with the byte tokenizer into {data} ...",
+    ], first.stdout + first.stderr
+    assert lines[3].startswith(f"converted {text} into {data} in ")
+    assert lines[5] == "training 4 steps of 16 sequences, resuming after 2 ..."
+    assert lines[6].startswith("step 1: loss ")
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    assert again.stdout.splitlines()[:3] == [
+        "demo_tokens: starting (importing torch) ...",
+        f"corpus: {text}, kept from an earlier run",
+        f"tokens: {data}, kept from an earlier run",
+    ]
