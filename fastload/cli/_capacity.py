@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from fastload.cli._common import EXIT_OK, UsageError, add_command, count, out, positive_int, size
+from fastload.convert._progress import plural
 
 __all__ = ["add"]
 
@@ -146,7 +147,11 @@ def _run(args: argparse.Namespace) -> int:
     p = plan
     shuffle = "streaming" if block is None else f"block {block}"
     rows = [
-        ("job", f"{p.nodes} nodes x {args.gpus_per_node} GPUs, {p.samples_per_s:,.0f} samples/s"),
+        (
+            "job",
+            f"{plural(p.nodes, 'node')} x {plural(args.gpus_per_node, 'GPU')}, "
+            f"{p.samples_per_s:,.0f} samples/s",
+        ),
         ("epoch", f"{p.epoch_s:,.1f} s"),
         ("dataset", f"{_bytes(p.dataset_bytes)} in {p.shards:,} shards of {p.shard_samples:,}"),
         ("shuffle", f"{shuffle}, window {args.window}"),

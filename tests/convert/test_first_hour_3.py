@@ -258,3 +258,10 @@ def test_exit_status_3_names_what_the_walk_leaves_out() -> None:
         proc = run_cli(*args, cwd=Path.cwd())
         assert proc.returncode == 0
         assert text in proc.stdout, args
+
+
+def test_plan_capacity_counts_one_node_in_the_singular(tmp_path: Path) -> None:
+    args = ["--preset", "imagenet", "--gpus", "8", "--samples-per-gpu", "2500"]
+    proc = run_cli("plan-capacity", *args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == "job              1 node x 8 GPUs, 20,000 samples/s"
