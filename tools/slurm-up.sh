@@ -66,7 +66,8 @@ head -c 1024 /dev/urandom >"$RUN/munge/munge.key"
 chmod 400 "$RUN/munge/munge.key"
 
 cat >"$RUN/slurm.conf" <<EOF
-# Written by tools/slurm-up.sh: one node on 127.0.0.1, no accounting, no cgroups.
+# Written by tools/slurm-up.sh: one node on 127.0.0.1, no accounting, no cgroups; RPCs wait up
+# to 60 s (not 10) so that a loaded 2-core machine does not fail a task launch.
 ClusterName=fastload
 SlurmctldHost=$NODE(127.0.0.1)
 SlurmctldPort=$CTLD_PORT
@@ -89,6 +90,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/builtin
 ReturnToService=2
+MessageTimeout=60
 SlurmdParameters=config_overrides
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
