@@ -33,7 +33,9 @@ inside a step.
 
 What is refused (:class:`~fastload.errors.LaunchEnvironmentError`), so that no process of a
 multi-process job ever takes rank 0 of 1 and reads the whole dataset: a rank without a world size
-or a world size above 1 without a rank, a value that is not an integer or is out of range (``rank
+or a world size above 1 without a rank, local variables alone that say there are other processes
+on the node (``LOCAL_RANK=1``; alone with no other launcher: ``LOCAL_RANK=0`` alone is one
+process, and ``LOCAL_RANK`` re-exported beside ``mpirun``'s variables is ignored), a value that is not an integer or is out of range (``rank
 >= world size``, ``local rank >= local size``, ``local size > world size``), ``PMIX_RANK`` (a PMIx
 launch) with no launcher giving a world size, and a launcher of higher precedence whose world is
 smaller than another's: a nested launcher starts at least one process in each of the outer one's
@@ -163,10 +165,14 @@ def _get(environ: Mapping[str, str], name: str) -> str | None:
 
 
 def _parse_one(
-    launcher: LauncherVars, environ: Mapping[str, str], problems: list[str]
+    launcher: LauncherVars,
+    environ: Mapping[str, str],
+    problems: list[str],
+    local_only: list[str],
 ) -> EnvLaunch | None:
     """This launcher's account, ``None`` when it did not start this process; a problem found is
-    appended to ``problems`` (and ``None`` returned)."""
+    appended to ``problems`` (and ``None`` returned); local variables that say there are other
+    processes on the node, with no rank or world size, to ``local_only``."""
     if launcher.step and not any(_get(environ, n) is not None for n in launcher.step):
         return None
     present = [n for n in launcher.names if _get(environ, n) is not None]
@@ -187,10 +193,14 @@ def _parse_one(
     world = values.get(world_name) if world_name is not None else None
     if world is None:
         if rank is None:
-            problems.append(
-                f"{launcher.name}: {', '.join(present)} set, but neither {launcher.rank} nor "
-                f"{launcher.world_size[0]}"
-            )
+            # Local variables alone: often re-exported by hand for one's own code (LOCAL_RANK=
+            # $OMPI_COMM_WORLD_LOCAL_RANK); a launch only if they say there are other processes.
+            local = (values.get(launcher.local_rank, 0), values.get(launcher.local_world_size, 1))
+            if local != (0, 1):
+                local_only.append(
+                    f"{launcher.name}: {', '.join(present)} set (another process on this "
+                    f"node), but neither {launcher.rank} nor {launcher.world_size[0]}"
+                )
         else:
             problems.append(
                 f"{launcher.name}: {launcher.rank} is set but {launcher.world_size[0]} is not"
@@ -264,11 +274,14 @@ def parse_environment(
     env = os.environ if environ is None else environ
     seen = {n: env[n] for n in LAUNCH_VARIABLES if _get(env, n) is not None}
     problems: list[str] = []
+    local_only: list[str] = []
     launches = [
         launch
         for launcher in LAUNCHERS
-        if (launch := _parse_one(launcher, env, problems)) is not None
+        if (launch := _parse_one(launcher, env, problems, local_only)) is not None
     ]
+    if not launches:
+        problems += local_only  # else the launcher's own account holds
     if problems:
         return launches, problems, seen
     if not launches and _get(env, _PMIX_RANK) is not None:

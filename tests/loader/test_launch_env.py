@@ -208,6 +208,7 @@ def test_nested_launches(env: dict[str, str], expected: tuple[Any, ...]) -> None
         ({"WORLD_SIZE": "4"}, ["WORLD_SIZE=4", "RANK is not"]),
         ({"RANK": "2"}, ["RANK=2", "WORLD_SIZE is not"]),
         ({"LOCAL_RANK": "1"}, ["LOCAL_RANK=1", "neither RANK nor WORLD_SIZE"]),
+        ({"HOROVOD_LOCAL_SIZE": "2"}, ["HOROVOD_LOCAL_SIZE=2", "neither HOROVOD_RANK"]),
         ({"HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "0"}, ["HOROVOD_SIZE=2", "HOROVOD_RANK"]),
         ({"OMPI_COMM_WORLD_SIZE": "3"}, ["OMPI_COMM_WORLD_SIZE=3", "OMPI_COMM_WORLD_RANK"]),
         ({"PMI_RANK": "1"}, ["PMI_RANK=1", "PMI_SIZE is not"]),
@@ -245,6 +246,12 @@ def test_an_incomplete_or_contradicted_launch_is_refused(
     # ... and the way out the message names works, whatever the environment says
     assert place(launch(env, 1, 2))[:2] == (1, 2)
     assert launch(env, 1, 2).source == "arguments"
+
+
+def test_local_variables_alone_for_one_process_or_beside_a_launcher() -> None:
+    assert place(launch({"LOCAL_RANK": "0"})) == (0, 1, None, None, "single process")
+    # mpirun, and LOCAL_RANK=$OMPI_COMM_WORLD_LOCAL_RANK exported for the training code
+    assert place(launch({**MPIRUN, "LOCAL_RANK": "1"})) == (1, 3, 1, 3, "Open MPI")
 
 
 def test_a_world_of_one_needs_no_rank() -> None:
