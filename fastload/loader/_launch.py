@@ -4,24 +4,17 @@ Every launcher that starts one process per rank tells each process its rank in e
 variables of its own. This module reads them, a pure function of an environment mapping (no
 ``torch.distributed``, see :mod:`fastload.loader._dist` for the whole order of precedence):
 
-=========================  =========================  ==========================  =====================================
-launcher                   rank / world size          local rank / local size     counted when
-=========================  =========================  ==========================  =====================================
-``torchrun``               ``RANK`` / ``WORLD_SIZE``  ``LOCAL_RANK`` /            any of its variables is set
-                                                      ``LOCAL_WORLD_SIZE``
-``horovodrun`` (Gloo)      ``HOROVOD_RANK`` /         ``HOROVOD_LOCAL_RANK`` /    any of its variables is set
-                           ``HOROVOD_SIZE``           ``HOROVOD_LOCAL_SIZE``
-Open MPI ``mpirun``        ``OMPI_COMM_WORLD_RANK`` / ``..._LOCAL_RANK`` /        any of its variables is set
-(also ``horovodrun``       ``OMPI_COMM_WORLD_SIZE``   ``..._LOCAL_SIZE``
-over MPI)
-MPICH / Intel MPI          ``PMI_RANK`` /             ``MPI_LOCALRANKID`` /       any of its variables is set
-(Hydra), ``srun --mpi=     ``PMI_SIZE``               ``MPI_LOCALNRANKS``
-pmi2``
-SLURM ``srun``             ``SLURM_PROCID`` /         ``SLURM_LOCALID`` / this    ``SLURM_STEP_ID`` (or
-                           ``SLURM_STEP_NUM_TASKS``   node's entry of             ``SLURM_STEPID``) is set: the
-                           (else ``SLURM_NTASKS``)    ``SLURM_STEP_TASKS_PER_     process runs in a job step, which
-                                                      NODE``                      only ``srun`` starts
-=========================  =========================  ==========================  =====================================
+* ``torchrun``: ``RANK``, ``WORLD_SIZE``; local: ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``.
+* ``horovodrun`` with Gloo: ``HOROVOD_RANK``, ``HOROVOD_SIZE``; local: ``HOROVOD_LOCAL_RANK``,
+  ``HOROVOD_LOCAL_SIZE``.
+* Open MPI's ``mpirun`` (also ``horovodrun`` over MPI): ``OMPI_COMM_WORLD_RANK``,
+  ``OMPI_COMM_WORLD_SIZE``; local: ``OMPI_COMM_WORLD_LOCAL_RANK``, ``OMPI_COMM_WORLD_LOCAL_SIZE``.
+* MPICH and Intel MPI (Hydra), ``srun --mpi=pmi2``: ``PMI_RANK``, ``PMI_SIZE``; local:
+  ``MPI_LOCALRANKID``, ``MPI_LOCALNRANKS``.
+* SLURM's ``srun``: ``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS`` (else ``SLURM_NTASKS``); local:
+  ``SLURM_LOCALID``, this node's (``SLURM_NODEID``) entry of ``SLURM_STEP_TASKS_PER_NODE``.
+  Counted only when ``SLURM_STEP_ID`` (or ``SLURM_STEPID``) is set: the process runs in a job
+  step, which only ``srun`` starts.
 
 Precedence among them is the table's order, innermost launcher first: a launcher nested in
 another (``srun`` running ``torchrun`` on each node, ``mpirun`` inside an ``sbatch`` script)
@@ -33,14 +26,14 @@ inside a step.
 
 What is refused (:class:`~fastload.errors.LaunchEnvironmentError`), so that no process of a
 multi-process job ever takes rank 0 of 1 and reads the whole dataset: a rank without a world size
-or a world size above 1 without a rank, local variables alone that say there are other processes
-on the node (``LOCAL_RANK=1``; alone with no other launcher: ``LOCAL_RANK=0`` alone is one
-process, and ``LOCAL_RANK`` re-exported beside ``mpirun``'s variables is ignored), a value that is not an integer or is out of range (``rank
->= world size``, ``local rank >= local size``, ``local size > world size``), ``PMIX_RANK`` (a PMIx
-launch) with no launcher giving a world size, and a launcher of higher precedence whose world is
-smaller than another's: a nested launcher starts at least one process in each of the outer one's
-tasks, so a smaller world means stale variables (``RANK``/``WORLD_SIZE`` exported by hand in a job
-started by ``mpirun``), never a nesting.
+or a world size above 1 without a rank; local variables alone that say there are other processes
+on the node (``LOCAL_RANK=1`` with no launcher giving a rank; ``LOCAL_RANK=0`` alone is one
+process, and ``LOCAL_RANK`` re-exported beside ``mpirun``'s variables is ignored); a value that is
+not an integer or is out of range (``rank >= world size``, ``local rank >= local size``,
+``local size > world size``); ``PMIX_RANK`` (a PMIx launch) with no launcher giving a world size;
+and a launcher of higher precedence whose world is smaller than another's: a nested launcher starts
+at least one process in each of the outer one's tasks, so a smaller world means stale variables
+(``RANK``/``WORLD_SIZE`` exported by hand in a job started by ``mpirun``), never a nesting.
 """
 
 from __future__ import annotations
