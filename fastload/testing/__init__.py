@@ -5,6 +5,8 @@
 * :mod:`fastload.testing.streams`: stores with forward-only, short-read streams.
 * :mod:`fastload.testing.resume`: ``check_resume``, the resume checker every loader passes (every
   step, other worker counts and world sizes).
+* :mod:`fastload.testing.launchers`: one rank of a job under ``mpirun``/``srun`` that finds its
+  place from the launcher alone; :mod:`fastload.testing.slurm` starts the local SLURM cluster.
 
 These modules import pytest and hypothesis; they are for test suites, not for production code.
 """
