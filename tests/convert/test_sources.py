@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import webdataset as wds
 
+from fastload.errors import InvalidArgumentError
 from fastload.formats import read_manifest
 from fastload.storage import open_store
 
@@ -220,7 +221,7 @@ def test_detection(tmp_path: Path) -> None:
     cases = {
         "img": ["a/1.jpg", "b/2.PNG"],
         "tree": ["a/1.jpg", "a/1.json"],
-        "deep": ["a/b/1.jpg"],
+        "deeper": ["a/b/c/1.jpg"],
         "jl": ["x.jsonl", "y.ndjson"],
         "txt": ["x.txt"],
         "csv": ["x.csv"],
@@ -230,7 +231,7 @@ def test_detection(tmp_path: Path) -> None:
     want = {
         "img": "imagefolder",
         "tree": "files",
-        "deep": "files",
+        "deeper": "files",
         "jl": "jsonl",
         "txt": "text",
         "csv": "csv",
@@ -243,6 +244,11 @@ def test_detection(tmp_path: Path) -> None:
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_bytes(b"x")
         assert fc.detect_source_type(open_store(tmp_path / name)) == want[name], name
+    # Images all two directories deep are image folders one level down: ambiguous, refused.
+    (tmp_path / "deep" / "a" / "b").mkdir(parents=True)
+    (tmp_path / "deep" / "a" / "b" / "1.jpg").write_bytes(b"x")
+    with pytest.raises(InvalidArgumentError, match="1 image folder one level down"):
+        fc.detect_source_type(open_store(tmp_path / "deep"))
 
 
 def test_sanitizers() -> None:
