@@ -11,17 +11,16 @@ counters that the converting process reads for its progress line.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import pickle
 import signal
-import sys
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from fastload._fsutil import pid_alive
+from fastload._os import die_with_parent
 from fastload.convert._map import (
     MapFn,
     describe,
@@ -110,7 +109,6 @@ _JOBS: Any = None
 _TAKEN: Any = None
 _STOP: Any = None
 _PARENT = 0
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def init_worker(samples: Any, nbytes: Any, jobs: Any, taken: Any, stop: Any, parent: int) -> None:
@@ -127,11 +125,7 @@ def init_worker(samples: Any, nbytes: Any, jobs: Any, taken: Any, stop: Any, par
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # One process per core already: tokenizers' own threads would only compete with the others.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):  # pragma: no cover - no prctl in this libc
-            pass
+    die_with_parent(signal.SIGKILL)
     if not pid_alive(parent):  # it died before the signal was armed
         os._exit(1)
 

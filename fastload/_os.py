@@ -1,0 +1,122 @@
+"""The operating-system calls Python's standard library does not offer, in one place.
+
+Three calls, each used where it pays and each a no-op (or ``None``) where the system lacks it:
+
+* :func:`map_read_only`: a file mapped read-only *without keeping a file descriptor* (parsed
+  index files: one per shard, thousands per process, must not count against ``RLIMIT_NOFILE``).
+  Python >= 3.13 does it with ``mmap.mmap(..., trackfd=False)``; older Pythons call libc's
+  ``mmap(2)``/``munmap(2)``.
+* :func:`populate`: ``madvise(MADV_POPULATE_WRITE)`` on memory Python did not map (a torch
+  shared-memory block): its pages backed in one call instead of a fault per page (Linux >= 5.14).
+* :func:`die_with_parent`: ``prctl(PR_SET_PDEATHSIG)``, the kernel kills the calling process
+  when its parent dies (Linux).
+
+**Guarded one way**: libc is looked up once (:func:`_libc`), only on Linux, and every call that
+needs it returns ``False``/``None`` where it is missing or fails; nothing here raises. Thread-safe;
+safe in forked children (nothing is held per process).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import mmap
+import os
+import sys
+import weakref
+from typing import Any
+
+__all__ = ["die_with_parent", "map_read_only", "populate"]
+
+_O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+_MADV_POPULATE_WRITE = 23  # <linux/mman.h>
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+#: Whether ``mmap.mmap`` can map without keeping a descriptor (``trackfd``, Python >= 3.13).
+_STDLIB_UNTRACKED = sys.version_info >= (3, 13)
+
+
+@functools.cache
+def _libc() -> Any:
+    """libc with the argument types of the calls below set, or ``None`` (not Linux, not found)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_long,
+        ]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        libc.madvise.restype = ctypes.c_int
+        libc.prctl.restype = ctypes.c_int
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+def map_read_only(path: str | os.PathLike[str]) -> tuple[memoryview, os.stat_result] | None:
+    """The file at ``path`` mapped read-only and shared, as a read-only byte view, and its
+    ``fstat``; ``None`` when it cannot be opened or mapped, or is empty.
+
+    No descriptor stays open: the mapping alone keeps the file's pages, and it is unmapped when
+    the last object over the view (a NumPy array made from it, a slice) is gone.
+    """
+    try:
+        fd = os.open(path, _O_RDONLY)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if st.st_size == 0:
+            return None
+        view = _map_fd(fd, st.st_size)
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return None if view is None else (view, st)
+
+
+def _map_fd(fd: int, size: int) -> memoryview | None:
+    if _STDLIB_UNTRACKED:  # pragma: no cover - Python >= 3.13
+        return memoryview(
+            mmap.mmap(fd, size, access=mmap.ACCESS_READ, trackfd=False)  # type: ignore[call-arg,unused-ignore]
+        ).toreadonly()
+    libc = _libc()
+    if libc is None:
+        return None
+    addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if addr is None or addr == ctypes.c_void_p(-1).value:
+        return None
+    pages = (ctypes.c_uint8 * size).from_address(addr)
+    weakref.finalize(pages, libc.munmap, addr, size)  # after the last view over it
+    return memoryview(pages).cast("B").toreadonly()
+
+
+def populate(address: int, nbytes: int) -> bool:
+    """Ask the kernel to back ``nbytes`` of fresh, writable shared memory at ``address`` with
+    pages now, in one call (Linux >= 5.14 ``MADV_POPULATE_WRITE``), instead of one page fault
+    per 4 KiB page on first write. Whether the kernel did; elsewhere nothing happens and the
+    first write faults the pages in as usual."""
+    libc = _libc()
+    if libc is None or nbytes <= 0:
+        return False
+    page = mmap.PAGESIZE
+    start = address // page * page
+    return bool(libc.madvise(start, address + nbytes - start, _MADV_POPULATE_WRITE) == 0)
+
+
+def die_with_parent(signal_number: int) -> bool:
+    """Have the kernel send ``signal_number`` to this process when its parent dies (Linux
+    ``PR_SET_PDEATHSIG``); whether that is armed. The caller must still check that the parent
+    is alive afterwards: one that died before the call sends nothing."""
+    libc = _libc()
+    if libc is None:
+        return False
+    return bool(libc.prctl(_PR_SET_PDEATHSIG, signal_number, 0, 0, 0) == 0)
