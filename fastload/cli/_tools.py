@@ -24,6 +24,7 @@ from fastload.cli._common import (
 from fastload.cli._store_options import add_store_options, url_store_options
 from fastload.convert._progress import plural
 from fastload.errors import StoreUnavailableError, TransientStoreError
+from fastload.storage._retry import unreachable_reason
 
 __all__ = ["add_index", "add_inspect", "add_verify"]
 
@@ -156,15 +157,26 @@ def add_verify(sub: Any) -> None:
 def _run_verify(args: argparse.Namespace) -> int:
     from fastload.convert import verify_dataset
 
+    bar = shard_progress("verify")
+    checked = 0
+
+    def progress(done: int, total: int, nbytes: int) -> None:
+        nonlocal checked
+        checked = done
+        if bar is not None:
+            bar(done, total, nbytes)
+
     try:
         report = verify_dataset(
             args.url,
             check_index=not args.no_index,
             store_options=url_store_options(args),
-            progress=shard_progress("verify"),
+            progress=progress,
             workers=args.workers,
         )
     except (StoreUnavailableError, TransientStoreError) as exc:
+        if not checked and unreachable_reason(exc) is not None:
+            raise  # no connection from the start: the address is wrong or no server runs there
         # The store could not be read: say so, and give no verdict on the data.
         sys.stderr.write(
             f"fastload verify: UNREADABLE {exc}\nNo verdict on {args.url}: the store could not "

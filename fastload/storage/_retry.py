@@ -218,15 +218,20 @@ COUNTER_NAMES = ("retries", "resumed_reads", "gave_up")
 
 
 class _Counts:
-    """One process's counts of a :class:`RetryStore` (made per process, never pickled)."""
+    """One process's counts of a :class:`RetryStore` and the listeners told of each (made per
+    process, never pickled)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.values = dict.fromkeys(COUNTER_NAMES, 0)
+        self.listeners: list[Callable[[str], None]] = []
 
     def add(self, name: str) -> None:
         with self.lock:
             self.values[name] += 1
+            listeners = list(self.listeners)
+        for listener in listeners:
+            listener(name)
 
 
 def _jitter() -> float:
@@ -308,6 +313,16 @@ class RetryStore(WrapperStore):
         counts = self._counts.get()
         with counts.lock:
             return dict(counts.values)
+
+    def add_count_listener(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(name)`` in this process each time a counter of :meth:`stats` grows
+        (``"retries"``, ``"resumed_reads"``, ``"gave_up"``), e.g. to sum them over the processes
+        of a node. Listeners are this process's: they are not pickled with the wrapper, so a
+        wrapper above registers its own in each process. A listener must be quick and not raise.
+        """
+        counts = self._counts.get()
+        with counts.lock:
+            counts.listeners.append(listener)
 
     # ---- the retry loop -----------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import os
+import pickle
 import random
 import threading
 from collections.abc import Iterator
@@ -115,6 +116,51 @@ def test_a_response_cut_inside_its_headers_is_recognised(
     assert isinstance(ResponseCutError("x"), ConnectionError)  # retried if it escapes
 
 
+def test_a_value_error_from_botocores_parser_is_a_transient_store_error() -> None:
+    from botocore.parsers import RestXMLParser
+
+    from fastload.storage._s3_errors import ErrorContext, is_transport_error, translate
+
+    try:
+        RestXMLParser()._handle_integer(None, "")  # what a cut "Content-Length: " gave
+    except ValueError as exc:
+        parse_error = exc
+    assert is_transport_error(parse_error)
+    assert not is_transport_error(ValueError("a bug of ours"))
+    ctx = ErrorContext("b", "http://127.0.0.1:9", "nowhere", lambda _e: None)
+    err = translate(parse_error, "s3://b/k", "read", ctx)
+    assert isinstance(err, TransientStoreError)
+    assert "http://127.0.0.1:9" in str(err)
+    assert "could not be parsed" in str(err)
+
+
+def test_untranslated_transport_errors_are_retried_and_others_are_not() -> None:
+    import http.client
+
+    from urllib3.exceptions import ProtocolError, ReadTimeoutError
+
+    from fastload.storage._retry import is_retryable
+
+    assert is_retryable(http.client.IncompleteRead(b"abc", 10))
+    assert is_retryable(http.client.BadStatusLine("HTTP/1."))
+    assert is_retryable(ProtocolError("Connection broken: IncompleteRead"))
+    assert is_retryable(ReadTimeoutError(None, "/", "read timed out"))  # type: ignore[arg-type]
+    assert is_retryable(ResponseCutError("cut"))
+    assert not is_retryable(ValueError("invalid literal for int() with base 10: ''"))
+    assert not is_retryable(http.client.IncompleteRead(b""), builtin_errors=False)
+
+
+def test_count_listeners_hear_every_count_of_this_process() -> None:
+    heard: list[str] = []
+    store = _Versions(os.urandom(1000), ["v1", None], ["v1"])
+    retry = _retry(store)
+    retry.add_count_listener(heard.append)
+    with retry.open_reader("x") as f:
+        f.read()
+    assert heard == ["retries", "resumed_reads"]
+    assert pickle.loads(pickle.dumps(retry)).stats()["retries"] == 0  # a copy counts anew
+
+
 # ---- the identity of a resumed read, with a stand-in store -------------------------------------
 
 
@@ -162,8 +208,12 @@ class _Versions(WrapperStore):
         return ObjectMeta(key, len(self.data), None, etag)
 
 
+def _no_sleep(_seconds: float) -> None:
+    pass
+
+
 def _retry(store: _Versions) -> RetryStore:
-    return RetryStore(store, RetryConfig(max_retries=4), sleep=lambda _s: None)
+    return RetryStore(store, RetryConfig(max_retries=4), sleep=_no_sleep)
 
 
 def test_a_resumed_read_without_a_version_is_not_a_change() -> None:
