@@ -385,7 +385,7 @@ def slope(n1: int, f1: float, n2: int, f2: float) -> float | None:
 
 
 def _child_env(fresh: str) -> dict[str, str]:
-    """A child's environment: parsed index files (``fastload/formats/_index_files.py``) in the
+    """A child's environment: parsed index files (``fastload/formats/_cache/_files.py``) in the
     empty directory ``fresh``, so that every run parses its indexes as a first run on the machine
     does (the slower case), unless ``FASTLOAD_INDEX_DIR`` is set (then the children share it:
     set it to measure runs after the first)."""

@@ -9,13 +9,17 @@ programs the tests that use these fixtures skip with the command to fix it, and 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
+from fastload.formats._cache import CacheConfig
+from fastload.formats._cache import config as cache_settings
+from fastload.formats._cache import set_config as set_cache_config
 from fastload.testing import need
 from fastload.testing.ceph import CephS3, CephStartError, acquire, release
 
@@ -24,15 +28,34 @@ _bucket_numbers = itertools.count()
 
 @pytest.fixture(autouse=True, scope="session")
 def _index_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Parsed index files (``fastload/formats/_index_files.py``) go to this session's temporary
-    directory, never to the user's cache (set before any worker forks, so they see it too)."""
+    """Parsed index files and trust records (``fastload/formats/_cache``) go to this session's
+    temporary directory, never to the user's cache: set in the environment (the settings' source
+    in this process and in any process it starts) before any worker forks."""
     before = os.environ.get("FASTLOAD_INDEX_DIR")
     os.environ["FASTLOAD_INDEX_DIR"] = str(tmp_path_factory.mktemp("index-files"))
+    set_cache_config(None)  # read the environment again at the next use
     yield
     if before is None:
         os.environ.pop("FASTLOAD_INDEX_DIR", None)
     else:
         os.environ["FASTLOAD_INDEX_DIR"] = before
+    set_cache_config(None)
+
+
+@pytest.fixture
+def cache_config() -> Iterator[Callable[..., CacheConfig]]:
+    """A function that changes this process's machine-cache settings (fields of
+    :class:`~fastload.formats._cache.CacheConfig`) for the test; the settings before come back
+    after it. Forked workers inherit them."""
+    before = cache_settings()
+
+    def change(**changes: Any) -> CacheConfig:
+        new = dataclasses.replace(cache_settings(), **changes)
+        set_cache_config(new)
+        return new
+
+    yield change
+    set_cache_config(before)
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ MAX_LINES = 500
 LAYERS = ("storage", "formats", "loader", "dali", "convert")
 #: Leaf modules every layer may use; they import no other part of fastload but each other and errors.
 LEAVES = ("fastload.errors", "fastload._units", "fastload._lazy", "fastload._fsutil",
-          "fastload._plugins", "fastload._version", "fastload._os")  # fmt: skip
+          "fastload._plugins", "fastload._version", "fastload._os", "fastload._memo")  # fmt: skip
 
 
 def _module_name(path: Path) -> str:

@@ -14,6 +14,9 @@ from fastload.formats._base import (
     ShardWriter,
     get_format,
 )
+from fastload.formats._cache import CacheConfig, EnvBudget, IndexBudget
+from fastload.formats._cache import config as cache_config
+from fastload.formats._cache import set_config as set_cache_config
 from fastload.formats._sample import (
     Codec,
     Sample,
@@ -34,8 +37,11 @@ from fastload.formats.manifest import (
 __all__ = [
     "DAMAGED_SHARD_REMEDY",
     "MANIFEST_NAME",
+    "CacheConfig",
     "Codec",
+    "EnvBudget",
     "Format",
+    "IndexBudget",
     "Manifest",
     "OnError",
     "ReaderOptions",
@@ -44,6 +50,7 @@ __all__ = [
     "ShardInfo",
     "ShardReader",
     "ShardWriter",
+    "cache_config",
     "decode_field",
     "decode_sample",
     "encode_field",
@@ -51,5 +58,6 @@ __all__ = [
     "get_format",
     "read_manifest",
     "register_codec",
+    "set_cache_config",
     "write_manifest",
 ]

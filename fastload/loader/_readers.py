@@ -12,11 +12,11 @@ batch of 256 touches dozens), does not close and remake readers; 16 for remote s
 Where readers are remade, what it costs is the format's, and it is kept small per process: an
 LMDB shard's environment stays open, checked, after its reader closes
 (:mod:`fastload.formats.lmdb._envs`), and a WebDataset or TFRecord index stays parsed
-(:mod:`fastload.formats._index_cache`). Bound per worker process: open files <= 2 x threads x
+(:mod:`fastload.formats._cache`). Bound per worker process: open files <= 2 x threads x
 capacity for the readers (a shard's memory map holds a duplicate descriptor in CPython 3.11; an
-LMDB environment holds 2), plus 2 x ``_envs.budget.environments`` for LMDB's idle environments;
-mapped memory is address space over the page cache (clean, shared, reclaimable pages), not
-private memory.
+LMDB environment holds 2), plus 2 x ``config().envs.environments`` for LMDB's idle environments
+(:mod:`fastload.formats._cache`); mapped memory is address space over the page cache (clean,
+shared, reclaimable pages), not private memory.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import resource
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,7 +17,8 @@ import pytest
 
 import fastload as fl
 from fastload.errors import CorruptDataError
-from fastload.formats import ShardReader, _index_cache
+from fastload.formats import ShardReader, _cache
+from fastload.formats._cache import CacheConfig, EnvBudget, IndexBudget, _parsed
 from fastload.formats.lmdb import _envs
 from fastload.formats.lmdb._reader import LMDBReader
 from fastload.formats.tfrecord._reader import TFRecordReader
@@ -57,9 +58,7 @@ def closed_envs() -> Iterator[None]:
 
 
 def _close_idle() -> None:
-    with _envs._LOCK:
-        for entry in list(_envs._IDLE.values()):
-            _envs._forget(entry)
+    _envs.ENVS.close_idle()
 
 
 @pytest.fixture
@@ -113,17 +112,17 @@ def test_epoch_opens_each_shard_once_per_process(dataset_root: Path, closed_envs
 
 @pytest.mark.timeout(120)
 def test_open_files_stay_within_the_budget(
-    dataset_root: Path, closed_envs: None, monkeypatch: pytest.MonkeyPatch
+    dataset_root: Path, closed_envs: None, cache_config: Callable[..., CacheConfig]
 ) -> None:
     """With a budget of 4 environments the process never holds more than 4 shards' descriptors
     (2 each) beyond the readers' own 2, and opens shards again once they were trimmed."""
-    monkeypatch.setattr(_envs, "budget", _envs.EnvBudget(environments=4, mapped_bytes=1 << 40))
+    cache_config(envs=EnvBudget(environments=4, mapped_bytes=1 << 40))
     ds = fl.open_dataset(str(dataset_root), fields=("__key__",), block_size=2, max_open_shards=2)
     before, peak = _envs.open_count(), 0
     for batch in fl.DataLoader(ds, batch_size=4):
         assert batch
         peak = max(peak, _lmdb_fds())
-        assert len(_envs._TABLE) <= 4
+        assert len(_envs.ENVS.open) <= 4
     assert 0 < peak <= 2 * 4
     assert _envs.open_count() - before > SHARDS  # trimmed environments are opened again
     ds.close()
@@ -131,21 +130,20 @@ def test_open_files_stay_within_the_budget(
 
 @pytest.mark.timeout(60)
 def test_mapped_bytes_budget_closes_idle_environments(
-    dataset_root: Path, closed_envs: None, monkeypatch: pytest.MonkeyPatch
+    dataset_root: Path, closed_envs: None, cache_config: Callable[..., CacheConfig]
 ) -> None:
     one = (dataset_root / "train-000000.lmdb").stat().st_size
     # Environments still in use elsewhere in this process (readers other tests have not closed
     # yet) count against the budget too; give this test three shards' worth on top of them.
-    base = _envs._mapped
-    budget = _envs.EnvBudget(environments=100, mapped_bytes=base + 3 * one)
-    monkeypatch.setattr(_envs, "budget", budget)
+    base = _envs.ENVS.mapped
+    cache_config(envs=EnvBudget(environments=100, mapped_bytes=base + 3 * one))
     store = LocalStore(str(dataset_root))
     for s in range(6):
         reader = LMDBReader(store, f"train-{s:06d}.lmdb")
         assert len(reader) == PER_SHARD
         reader.close()
-    assert len(_envs._IDLE) == 3
-    assert _envs._mapped <= base + 3 * one
+    assert len(_envs.ENVS.idle) == 3
+    assert _envs.ENVS.mapped <= base + 3 * one
 
 
 @pytest.mark.timeout(60)
@@ -156,7 +154,7 @@ def test_damage_after_close_is_found(dataset_root: Path, closed_envs: None) -> N
     reader = LMDBReader(store, path.name)
     assert reader.read(0)["__key__"]
     reader.close()
-    assert len(_envs._IDLE) == 1
+    assert len(_envs.ENVS.idle) == 1
     stat = path.stat()
     with path.open("r+b") as f:  # both meta pages zeroed, in place: same inode, same size
         f.write(bytes(2 * 4096))
@@ -164,7 +162,7 @@ def test_damage_after_close_is_found(dataset_root: Path, closed_envs: None) -> N
     for _ in range(2):  # a failed check is not kept either: the second open checks again
         with pytest.raises(CorruptDataError, match="damaged"):
             LMDBReader(store, path.name).read(0)
-    assert all(entry.path != str(path) for entry in _envs._TABLE.values())
+    assert all(entry.path != str(path) for entry in _envs.ENVS.open.values())
 
 
 @pytest.mark.timeout(60)
@@ -193,7 +191,7 @@ def test_removed_file_is_not_held(dataset_root: Path, closed_envs: None, tmp_pat
     reader.close()
     gone.unlink()
     assert len(LMDBReader(store, "train-000002.lmdb")) == PER_SHARD
-    assert all(entry.path != str(gone) for entry in _envs._TABLE.values())
+    assert all(entry.path != str(gone) for entry in _envs.ENVS.open.values())
 
 
 FORMATS = ("webdataset", "tfrecord")
@@ -203,9 +201,9 @@ EXT = {"webdataset": "tar", "tfrecord": "tfrecord"}
 
 @pytest.fixture
 def empty_cache() -> Iterator[None]:
-    _index_cache.clear()
+    _cache.clear()
     yield
-    _index_cache.clear()
+    _cache.clear()
 
 
 @pytest.fixture(params=FORMATS)
@@ -229,9 +227,9 @@ def _shard(root: Path, fmt: str, s: int) -> Path:
 def test_epoch_parses_each_index_once_per_process(
     indexed_root: Path, fmt: str, empty_cache: None
 ) -> None:
-    before = _index_cache.parse_count()
+    before = _cache.parse_count()
     assert _two_epochs(indexed_root, READERS[fmt]) > 2 * SHARDS
-    assert _index_cache.parse_count() - before == SHARDS
+    assert _cache.parse_count() - before == SHARDS
 
 
 @pytest.mark.timeout(60)
@@ -240,28 +238,28 @@ def test_budget_holds_and_trimmed_indexes_are_parsed_again(
     indexed_root: Path,
     fmt: str,
     empty_cache: None,
-    monkeypatch: pytest.MonkeyPatch,
+    cache_config: Callable[..., CacheConfig],
     tmp_path: Path,
     files: bool,
 ) -> None:
     """Without index files a trimmed index is parsed again; with them it is mapped again."""
-    monkeypatch.setenv("FASTLOAD_INDEX_DIR", str(tmp_path / "index-files") if files else "")
+    cache_config(index_dir=tmp_path / "index-files" if files else None)
     store = LocalStore(str(indexed_root))
-    monkeypatch.setattr(_index_cache, "budget", _index_cache.IndexBudget(entries=3, nbytes=1 << 30))
-    before = _index_cache.parse_count()
+    cache_config(parsed=IndexBudget(entries=3, nbytes=1 << 30))
+    before = _cache.parse_count()
     for _ in range(2):
         for s in range(6):
             reader = READERS[fmt](store, _shard(indexed_root, fmt, s).name)
             assert len(reader) == PER_SHARD
-            assert len(_index_cache._TABLE) <= 3
+            assert len(_parsed.PARSED.table) <= 3
             reader.close()
     # LRU of 3 over a cycle of 6: all missed, and parsed again unless kept as files
-    assert _index_cache.parse_count() - before == (6 if files else 12)
-    one = _index_cache.held_bytes() // 3
-    monkeypatch.setattr(_index_cache, "budget", _index_cache.IndexBudget(100, 2 * one))
+    assert _cache.parse_count() - before == (6 if files else 12)
+    one = _cache.held_bytes() // 3
+    cache_config(parsed=IndexBudget(100, 2 * one))
     reader = READERS[fmt](store, _shard(indexed_root, fmt, 7).name)
     assert len(reader) == PER_SHARD
-    assert 0 < _index_cache.held_bytes() <= 2 * one
+    assert 0 < _cache.held_bytes() <= 2 * one
 
 
 @pytest.mark.timeout(60)
@@ -274,9 +272,9 @@ def test_changed_index_is_parsed_again_and_damage_found(
     shard = _shard(indexed_root, fmt, 3)
     index = Path(f"{shard}.idx")
     assert READERS[fmt](store, shard.name).read(0)["__key__"]
-    before = _index_cache.parse_count()
+    before = _cache.parse_count()
     assert READERS[fmt](store, shard.name).read(1)["__key__"]
-    assert _index_cache.parse_count() == before  # taken over
+    assert _cache.parse_count() == before  # taken over
     data = bytearray(index.read_bytes())
     data[0:1] = b"X"  # "v1.2 ..." / "0 <size>": same size, no longer an index
     stat = index.stat()
@@ -285,7 +283,7 @@ def test_changed_index_is_parsed_again_and_damage_found(
     for _ in range(2):  # a failed parse is not kept either
         with pytest.raises(CorruptDataError, match="index"):
             READERS[fmt](store, shard.name).read(0)
-    assert _index_cache.parse_count() == before + 2
+    assert _cache.parse_count() == before + 2
 
 
 @pytest.mark.timeout(60)
@@ -297,10 +295,10 @@ def test_recently_written_files_are_parsed_again(
     store = LocalStore(str(indexed_root))
     shard = _shard(indexed_root, fmt, 5)
     os.utime(shard)  # just now
-    before = _index_cache.parse_count()
+    before = _cache.parse_count()
     for _ in range(2):
         assert len(READERS[fmt](store, shard.name)) == PER_SHARD
-    assert _index_cache.parse_count() - before == 2
+    assert _cache.parse_count() - before == 2
 
 
 @pytest.mark.timeout(120)

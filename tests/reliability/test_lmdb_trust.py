@@ -13,6 +13,7 @@ import hashlib
 import logging
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -199,7 +200,7 @@ def test_a_hashed_file_is_remembered_by_the_process_tree(
 ) -> None:
     import multiprocessing
 
-    from fastload.formats import _verified
+    from fastload.formats import _cache
     from fastload.formats.lmdb import _pages
 
     store, _, raw = _build(tmp_path, 500, 16)
@@ -207,7 +208,7 @@ def test_a_hashed_file_is_remembered_by_the_process_tree(
     old = path.stat().st_mtime - 10
     os.utime(path, (old, old))  # settled: older than the hash by more than STABLE_AGE_NS
     sha = hashlib.sha256(raw).hexdigest()
-    assert not _verified.known(os.stat(path), sha)
+    assert not _cache.known(os.stat(path), sha)
 
     ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()
@@ -215,7 +216,7 @@ def test_a_hashed_file_is_remembered_by_the_process_tree(
     child.start()
     assert out.get(timeout=30) is True  # the child hashed it
     child.join(30)
-    assert _verified.known(os.stat(path), sha)
+    assert _cache.known(os.stat(path), sha)
 
     class NoHash:
         @staticmethod
@@ -226,36 +227,37 @@ def test_a_hashed_file_is_remembered_by_the_process_tree(
     reader = _reader(store, raw, sha)
     assert _trusted(reader)  # from the record, without hashing
     reader.close()
-    assert not _verified.known(os.stat(path), "0" * 64)  # the record is for that hash only
+    assert not _cache.known(os.stat(path), "0" * 64)  # the record is for that hash only
 
 
 def test_a_file_written_again_or_just_now_is_not_remembered(tmp_path: Path) -> None:
-    from fastload.formats import _verified
+    from fastload.formats import _cache
 
     path = tmp_path / "f"
     path.write_bytes(b"x" * 100)
     sha = hashlib.sha256(b"x" * 100).hexdigest()
-    assert not _verified.remember(os.stat(path), sha)  # modified just now
-    assert not _verified.known(os.stat(path), sha)
+    assert not _cache.remember(os.stat(path), sha)  # modified just now
+    assert not _cache.known(os.stat(path), sha)
     old = path.stat().st_mtime - 10
     os.utime(path, (old, old))
-    assert _verified.remember(os.stat(path), sha)
-    assert _verified.known(os.stat(path), sha)
+    assert _cache.remember(os.stat(path), sha)
+    assert _cache.known(os.stat(path), sha)
     path.write_bytes(b"x" * 100)  # the same bytes, written again: new times
     os.utime(path, (old, old))  # even with the old modification time (the change time moves)
-    assert not _verified.known(os.stat(path), sha)
+    assert not _cache.known(os.stat(path), sha)
 
 
 def test_a_match_is_remembered_by_later_runs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache_config: Callable[..., Any]
 ) -> None:
     import subprocess
     import sys
 
-    from fastload.formats import _verified
+    from fastload.formats import _cache
     from fastload.formats.lmdb import _pages
 
-    monkeypatch.setenv("FASTLOAD_INDEX_DIR", str(tmp_path / "records"))
+    monkeypatch.setenv("FASTLOAD_INDEX_DIR", str(tmp_path / "records"))  # the other run's
+    cache_config(index_dir=tmp_path / "records")  # this process's
     store, _, raw = _build(tmp_path, 300, 16)
     path = tmp_path / KEY
     old = path.stat().st_mtime - 10
@@ -284,10 +286,11 @@ def test_a_match_is_remembered_by_later_runs(
             raise AssertionError("hashed again")
 
     monkeypatch.setattr(_pages, "hashlib", NoHash)
-    assert _verified.known(os.stat(path), sha)
+    assert _cache.known(os.stat(path), sha)
     reader = _reader(store, raw, sha)
     assert _trusted(reader)
     reader.close()
-    monkeypatch.setenv("FASTLOAD_INDEX_DIR", "")  # records off: none written
-    assert _verified.remember(os.stat(path), "1" * 64)  # in this process tree only
+    cache_config(index_dir=None)  # records off: none written, none found
+    assert not _cache.remember(os.stat(path), "1" * 64)
+    assert not _cache.known(os.stat(path), sha)
     assert len(list((tmp_path / "records").glob("*.ok"))) == 1

@@ -2,7 +2,7 @@
 kept open, checked, after its last reader closes, within a budget.
 
 py-lmdb refuses to open a file that is already open in the process (LMDB forbids it), so readers
-share environments through this table, keyed by the file's ``(st_dev, st_ino)`` and reference
+share environments through this table (:class:`EnvTable`), keyed by the file's ``(st_dev, st_ino)`` and reference
 counted. After ``fork`` the child's table still lists the parent's environments; the child closes
 those copies (which releases nothing in the parent: the mappings and descriptors are the child's
 own) and opens the files again on first use.
@@ -11,9 +11,11 @@ Opening a shard is expensive (LMDB's own opening, and hashing the file where it 
 the manifest's SHA-256: ~8 ms for a shard of 100,000 small samples), and the block shuffle reads
 from many more shards than a reader cache keeps open, so an environment whose last reader closed
 stays open, *idle*, and the next reader of the file takes it over with one ``stat``: each file
-is opened and checked once per process, not once per reader. The :data:`budget` bounds what a process keeps open: idle environments are closed,
-least recently used first, while the process has more than ``budget.environments`` open or their
-files total more than ``budget.mapped_bytes``; only environments that readers hold exceed it.
+is opened and checked once per process, not once per reader. The settings' ``envs`` budget
+(:class:`~fastload.formats._cache.EnvBudget` of :func:`~fastload.formats._cache.config`, read at
+every release) bounds what a process keeps open: idle environments are closed, least recently
+used first, while the process has more than ``environments`` open or their files total more
+than ``mapped_bytes``; only environments that readers hold exceed it.
 Each open environment costs two file descriptors (LMDB's and the checks' memory map) and maps
 its file twice (address space, not memory: the pages are the page cache's, clean and shared).
 
@@ -28,55 +30,27 @@ or replaced (a cache's eviction) are closed at the next opening, not kept until 
 from __future__ import annotations
 
 import os
-import resource
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import lmdb
 
 from fastload._lazy import current_pid
-from fastload.formats._index_cache import STABLE_AGE_NS
+from fastload.formats._cache import STABLE_AGE_NS, config
 
 __all__ = [
+    "ENVS",
     "STABLE_AGE_NS",
-    "EnvBudget",
+    "EnvTable",
     "SharedEnv",
     "acquire",
-    "budget",
     "open_count",
     "open_env",
     "release",
 ]
-
-
-@dataclass(frozen=True)
-class EnvBudget:
-    """What one process keeps open in LMDB environments (see module doc).
-
-    Attributes:
-        environments: Open environments (two file descriptors each).
-        mapped_bytes: Total size of their files (each mapped twice).
-    """
-
-    environments: int
-    mapped_bytes: int
-
-
-def _default_budget() -> EnvBudget:
-    """1,024 environments, or fewer where the descriptor limit is low (their descriptors take at
-    most half of ``RLIMIT_NOFILE``: 256 environments under the common soft limit of 1,024), and
-    1 TiB of files (2 TiB of address space, under 2 % of a 64-bit process's)."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    environments = 1024 if soft == resource.RLIM_INFINITY else max(16, min(1024, soft // 4))
-    return EnvBudget(environments=environments, mapped_bytes=1 << 40)
-
-
-#: This process's budget (read at every release; assign another :class:`EnvBudget` to change it).
-budget = _default_budget()
 
 
 class SharedEnv:
@@ -162,66 +136,121 @@ def open_env(path: str, *, readahead: bool) -> Any:
     )
 
 
-#: Guards the tables. Re-entrant because :func:`acquire` holds it while the opener runs, and a
-#: garbage collection then may finalize another reader, whose finalizer calls :func:`release`
-#: in the same thread (with a plain lock that thread would wait for itself forever).
-_LOCK = threading.RLock()
-#: Every open environment of this process, held by readers or idle.
-_TABLE: dict[tuple[int, int], SharedEnv] = {}
-#: The idle ones (no reader holds them), least recently released first.
-_IDLE: OrderedDict[tuple[int, int], SharedEnv] = OrderedDict()
-#: Total size of the files of the environments in ``_TABLE``.
-_mapped = 0
-_PID = current_pid()
-#: Environments this process opened (each one a check of its file), for tests and benchmarks.
-_opens = 0
+class EnvTable:
+    """One process's open environments: those readers hold and the idle ones, their files'
+    total size and the count of openings (see module doc). One instance per process
+    (:data:`ENVS`); after ``fork`` the child's first use closes the copies of the parent's
+    environments and starts empty.
+
+    Attributes:
+        lock: Guards the table. Re-entrant because :meth:`acquire` holds it while the opener
+            runs, and a garbage collection then may finalize another reader, whose finalizer
+            calls :meth:`release` in the same thread (with a plain lock that thread would wait
+            for itself forever).
+        open: Every open environment of this process, held by readers or idle.
+        idle: The idle ones (no reader holds them), least recently released first.
+        mapped: Total size of the files of the environments in :attr:`open`.
+        opens: Environments this process opened (each one a check of its file).
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.open: dict[tuple[int, int], SharedEnv] = {}
+        self.idle: OrderedDict[tuple[int, int], SharedEnv] = OrderedDict()
+        self.mapped = 0
+        self.opens = 0
+        self.pid = current_pid()
+
+    def _drop_inherited(self) -> None:
+        """In a forked child: close the parent's environments (our copies) and forget them."""
+        if current_pid() == self.pid:
+            return
+        for entry in self.open.values():
+            entry.close()
+        self.open.clear()
+        self.idle.clear()
+        self.pid, self.opens, self.mapped = current_pid(), 0, 0
+
+    def forget(self, entry: SharedEnv) -> None:
+        """Close ``entry`` and remove it from the table (it must be idle or unreferenced)."""
+        if self.idle.get(entry.ident) is entry:
+            del self.idle[entry.ident]
+        if self.open.get(entry.ident) is entry:
+            del self.open[entry.ident]
+            self.mapped -= entry.stamp[0]
+        entry.close()
+
+    def close_idle(self) -> None:
+        """Close every idle environment (tests; a process that wants the descriptors back)."""
+        with self.lock:
+            for entry in list(self.idle.values()):
+                self.forget(entry)
+
+    def _trim(self) -> None:
+        """Close idle environments, least recently released first, while the process is over
+        its budget (the settings' ``envs``)."""
+        budget = config().envs
+        while self.idle and (
+            len(self.open) > budget.environments or self.mapped > budget.mapped_bytes
+        ):
+            self.forget(next(iter(self.idle.values())))
+
+    def _sweep_gone(self) -> None:
+        """Close the idle environments whose path no longer names their file (removed,
+        replaced)."""
+        for entry in list(self.idle.values()):
+            try:
+                st = os.stat(entry.path)
+            except OSError:
+                self.forget(entry)
+                continue
+            if (st.st_dev, st.st_ino) != entry.ident:
+                self.forget(entry)
+
+    def acquire(self, path: str, *, opener: Callable[[str], tuple[Any, Any]]) -> SharedEnv:
+        """See :func:`acquire`."""
+        st = os.stat(path)
+        ident, stamp = (st.st_dev, st.st_ino), (st.st_size, st.st_mtime_ns)
+        with self.lock:
+            self._drop_inherited()
+            entry = self.open.get(ident)
+            if entry is not None and entry.refs == 0 and not entry.unchanged(stamp):
+                self.forget(entry)  # changed since it was checked (or may have): check it again
+                entry = None
+            if entry is not None:
+                self.idle.pop(ident, None)
+                entry.refs += 1
+                return entry
+            self._sweep_gone()
+            env, info = opener(path)
+            self.opens += 1
+            entry = self.open[ident] = SharedEnv(env, ident, info, path, stamp)
+            self.mapped += stamp[0]
+            self._trim()
+            return entry
+
+    def release(self, entry: SharedEnv, keep: bool = True) -> None:
+        """See :func:`release`."""
+        with self.lock:
+            if entry.pid != current_pid() or entry.closed:
+                return
+            entry.refs -= 1
+            if entry.refs > 0:
+                return
+            if keep and self.open.get(entry.ident) is entry:
+                self.idle[entry.ident] = entry
+                self._trim()
+            else:
+                self.forget(entry)
+
+
+#: This process's table.
+ENVS = EnvTable()
 
 
 def open_count() -> int:
     """How many environments this process has opened (each opening checked its file)."""
-    return _opens
-
-
-def _drop_inherited() -> None:
-    """In a forked child: close the parent's environments (our copies of them) and forget them."""
-    global _PID, _opens, _mapped
-    if current_pid() == _PID:
-        return
-    for entry in _TABLE.values():
-        entry.close()
-    _TABLE.clear()
-    _IDLE.clear()
-    _PID, _opens, _mapped = current_pid(), 0, 0
-
-
-def _forget(entry: SharedEnv) -> None:
-    """Close ``entry`` and remove it from the tables (it must be idle or unreferenced)."""
-    global _mapped
-    if _IDLE.get(entry.ident) is entry:
-        del _IDLE[entry.ident]
-    if _TABLE.get(entry.ident) is entry:
-        del _TABLE[entry.ident]
-        _mapped -= entry.stamp[0]
-    entry.close()
-
-
-def _trim() -> None:
-    """Close idle environments, least recently released first, while the process is over its
-    :data:`budget`."""
-    while _IDLE and (len(_TABLE) > budget.environments or _mapped > budget.mapped_bytes):
-        _forget(next(iter(_IDLE.values())))
-
-
-def _sweep_gone() -> None:
-    """Close the idle environments whose path no longer names their file (removed, replaced)."""
-    for entry in list(_IDLE.values()):
-        try:
-            st = os.stat(entry.path)
-        except OSError:
-            _forget(entry)
-            continue
-        if (st.st_dev, st.st_ino) != entry.ident:
-            _forget(entry)
+    return ENVS.opens
 
 
 def acquire(path: str, *, opener: Callable[[str], tuple[Any, Any]]) -> SharedEnv:
@@ -235,40 +264,12 @@ def acquire(path: str, *, opener: Callable[[str], tuple[Any, Any]]) -> SharedEnv
         OSError: The file cannot be stat'ed.
         Exception: Whatever ``opener`` raises.
     """
-    global _opens, _mapped
-    st = os.stat(path)
-    ident, stamp = (st.st_dev, st.st_ino), (st.st_size, st.st_mtime_ns)
-    with _LOCK:
-        _drop_inherited()
-        entry = _TABLE.get(ident)
-        if entry is not None and entry.refs == 0 and not entry.unchanged(stamp):
-            _forget(entry)  # changed since it was checked (or may have): check it again
-            entry = None
-        if entry is not None:
-            _IDLE.pop(ident, None)
-            entry.refs += 1
-            return entry
-        _sweep_gone()
-        env, info = opener(path)
-        _opens += 1
-        entry = _TABLE[ident] = SharedEnv(env, ident, info, path, stamp)
-        _mapped += stamp[0]
-        _trim()
-        return entry
+    return ENVS.acquire(path, opener=opener)
 
 
 def release(entry: SharedEnv, keep: bool = True) -> None:
     """Drop one reference. When none are left the environment stays open, idle, if ``keep``
-    and the :data:`budget` allows, and closes otherwise. A no-op in a process other than the one
-    that acquired ``entry`` (a forked child), and after the entry was closed."""
-    with _LOCK:
-        if entry.pid != current_pid() or entry.closed:
-            return
-        entry.refs -= 1
-        if entry.refs > 0:
-            return
-        if keep and _TABLE.get(entry.ident) is entry:
-            _IDLE[entry.ident] = entry
-            _trim()
-        else:
-            _forget(entry)
+    and the budget (the settings' ``envs``) allows, and closes otherwise. A no-op in a process
+    other than the one that acquired ``entry`` (a forked child), and after the entry was
+    closed."""
+    ENVS.release(entry, keep)

@@ -10,7 +10,7 @@ import threading
 import time
 
 from fastload.errors import CorruptDataError
-from fastload.formats import _verified
+from fastload.formats import _cache
 from fastload.formats._base import ShardReader
 from fastload.formats.lmdb._layout import REMEDY
 from fastload.formats.lmdb._pagemap import PageMap
@@ -32,9 +32,8 @@ def check_file(
 ) -> OpenedFile:
     """The meta pages and the length of the file of ``reader``'s shard (``size`` bytes in
     ``view``; ``st``: its ``fstat``), before LMDB maps it; and whether its bytes are the
-    manifest's (:func:`~fastload.formats.lmdb._pages.matches_manifest`, or a process of this
-    tree or an earlier run found so: :mod:`~fastload.formats._verified`): then no page of it
-    needs checks.
+    manifest's (:func:`~fastload.formats.lmdb._pages.matches_manifest`, or a process on this
+    machine found so: :mod:`~fastload.formats._cache._trust`): then no page of it needs checks.
 
     A file whose bytes differ from the manifest's is read with the page checks, and a warning
     says so once per opening (damaged values that still decode are not found by them).
@@ -72,17 +71,17 @@ def check_file(
 def _intact(
     view: FileBytes, size: int, meta: MetaPage, reader: ShardReader, st: os.stat_result | None
 ) -> bool | None:
-    """:func:`matches_manifest`, remembered for the file ``st`` across the process tree and
-    runs (:mod:`~fastload.formats._verified`)."""
+    """:func:`matches_manifest`, remembered for the file ``st`` on the machine
+    (:mod:`~fastload.formats._cache._trust`)."""
     sha256, expected = reader.expected_sha256, reader.expected_bytes
     if st is None or sha256 is None or st.st_size != size:
         return matches_manifest(view, size, meta, sha256, expected)
-    if expected == size and size >= meta.needed and _verified.known(st, sha256):
+    if expected == size and size >= meta.needed and _cache.known(st, sha256):
         return True
     started = time.time_ns()
     intact = matches_manifest(view, size, meta, sha256, expected)
     if intact:
-        _verified.remember(st, sha256, started)
+        _cache.remember(st, sha256, started)
     return intact
 
 

@@ -111,7 +111,7 @@ def _decimal_values(text: bytes) -> npt.NDArray[np.int64] | None:
 
 class Codec:
     """A :class:`RecordIndex` as arrays and back, for the index files every process maps
-    (:mod:`fastload.formats._index_files`)."""
+    (:mod:`fastload.formats._cache._files`)."""
 
     @staticmethod
     def to_arrays(value: RecordIndex) -> tuple[dict[str, npt.NDArray[Any]], dict[str, Any]]:
@@ -178,7 +178,7 @@ def parse_index(text: bytes, *, url: str, shard_size: int | None = None) -> Reco
 
 def parse_local_index(text: bytes, size: int, *, url: str, shard: str) -> RecordIndex:
     """The index of the uncompressed local shard file ``shard`` of ``size`` bytes, whose records
-    it must cover exactly (what :func:`~fastload.formats._index_cache.cached` keeps).
+    it must cover exactly (what :func:`~fastload.formats._cache.cached` keeps).
 
     Raises:
         CorruptDataError: The index is damaged, or does not end where the shard does, or the

@@ -10,7 +10,7 @@ from functools import partial
 from typing import Any, Unpack
 
 from fastload.errors import CorruptDataError, FormatError, MissingIndexError, ObjectNotFoundError
-from fastload.formats import _index_cache
+from fastload.formats import _cache
 from fastload.formats._base import ReaderOptions, ShardReader
 from fastload.formats._mmap import local_file, map_file
 from fastload.formats.tfrecord._compression import (
@@ -290,13 +290,11 @@ class TFRecordReader(ShardReader):
             iurl = self.store.child_url(index_key)
             shard_path = local_file(self.store, self.key)
             index_path = local_file(self.store, index_key)
-            found: tuple[RecordIndex, _index_cache.FileStamp] | None = None
+            found: tuple[RecordIndex, _cache.FileStamp] | None = None
             if shard_path is not None and index_path is not None:  # parsed once per process
                 parse = partial(parse_local_index, url=iurl, shard=shard_path)
                 try:
-                    found = _index_cache.cached(
-                        "tfrecord", shard_path, index_path, parse, INDEX_CODEC
-                    )
+                    found = _cache.cached("tfrecord", shard_path, index_path, parse, INDEX_CODEC)
                 except (CorruptDataError, OSError):
                     found = None  # compressed, damaged, or gone: the checks below say which
             if found is not None:

@@ -1,6 +1,6 @@
 """A WebDataset index held as NumPy arrays, and the fast parse of the common index shape.
 
-A parsed index lives as long as its process caches it (:mod:`fastload.formats._index_cache`), so
+A parsed index lives as long as its process caches it (:mod:`fastload.formats._cache`), so
 it is kept compact: per component an offset, a size and a field number (9 bytes: 4-byte offsets
 and sizes for shards under 4 GiB, 8 above; 1-byte field numbers for up to 256 fields), per sample
 where its components start and its key's bytes (8 bytes plus the key), instead of a list of
@@ -279,7 +279,7 @@ def parse_uniform(data: bytes, rows: list[bytes]) -> SampleIndex | None:
 
 class Codec:
     """A :class:`SampleIndex` as arrays and back, for the index files every process maps
-    (:mod:`fastload.formats._index_files`)."""
+    (:mod:`fastload.formats._cache._files`)."""
 
     @staticmethod
     def to_arrays(value: SampleIndex) -> tuple[dict[str, Ints], dict[str, Any]]:

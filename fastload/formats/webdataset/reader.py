@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Unpack
 
 from fastload.errors import CorruptDataError, FormatError, MissingIndexError, ObjectNotFoundError
-from fastload.formats import _index_cache
+from fastload.formats import _cache
 from fastload.formats._base import DAMAGED_SHARD_REMEDY, ReaderOptions, ShardReader
 from fastload.formats._mmap import local_file, map_file
 from fastload.formats.webdataset._checks import check_indexed_header
@@ -123,7 +123,7 @@ class WebDatasetReader(ShardReader):
             found = None
             if shard_path is not None and index_path is not None:  # parsed once per process
                 try:
-                    found = _index_cache.cached(
+                    found = _cache.cached(
                         "webdataset",
                         shard_path,
                         index_path,
