@@ -18,26 +18,31 @@ __all__ = ["PerProcess", "current_pid"]
 
 T = TypeVar("T")
 
-# Guards the "is this value from another process?" check. A lock held by some thread at fork time
-# stays held forever in the child, so the child gets a fresh one.
-_RESET_LOCK = threading.Lock()
-# This process's id, renewed in forked children: os.getpid() is a system call, and the loader
-# asks once or more per sample.
-_PID = os.getpid()
+
+class _Process:
+    """This process: its id, renewed in forked children (``os.getpid()`` is a system call, and
+    the loader asks once or more per sample), and the lock that guards the "is this value from
+    another process?" check (a lock held by some thread at fork time stays held forever in the
+    child, so the child gets a fresh one)."""
+
+    def __init__(self) -> None:
+        self.renew()
+
+    def renew(self) -> None:
+        """Read the id and make the lock (at import, and in a forked child)."""
+        self.pid = os.getpid()
+        self.reset_lock = threading.Lock()
 
 
-def _after_fork_in_child() -> None:
-    global _RESET_LOCK, _PID
-    _RESET_LOCK = threading.Lock()
-    _PID = os.getpid()
+_THIS = _Process()
 
 
 def current_pid() -> int:
     """``os.getpid()`` without the system call (kept up to date across ``os.fork``)."""
-    return _PID
+    return _THIS.pid
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(after_in_child=_THIS.renew)
 
 
 class PerProcess(Generic[T]):
@@ -56,16 +61,16 @@ class PerProcess(Generic[T]):
     def __init__(self, factory: Callable[[], T]) -> None:
         self._factory = factory
         self._lock = threading.Lock()
-        self._pid = _PID
+        self._pid = _THIS.pid
         self._value: T | None = None
 
     def _this_process(self) -> None:
-        if self._pid != _PID:
-            with _RESET_LOCK:
-                if self._pid != _PID:
+        if self._pid != _THIS.pid:
+            with _THIS.reset_lock:
+                if self._pid != _THIS.pid:
                     self._lock = threading.Lock()
                     self._value = None
-                    self._pid = _PID
+                    self._pid = _THIS.pid
 
     def get(self) -> T:
         """This process's value, made now if it has none."""

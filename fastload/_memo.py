@@ -5,7 +5,9 @@
 Beyond either, the least recently used values go (an ``on_evict`` callback can close them). The
 values must be things the caller could make again: dropping one costs time, never correctness.
 
-Not thread-safe on its own: a memo shared by threads is used under its owner's lock.
+No call raises when threads race on one memo (each step is one atomic dictionary operation
+under the GIL, and a key another thread removed meanwhile is simply gone); the bounds and
+:attr:`BoundedMemo.total_weight` are exact only when the owner serializes the calls (its lock).
 """
 
 from __future__ import annotations
@@ -61,7 +63,10 @@ class BoundedMemo(Generic[K, V]):
         """The value of ``key`` (now the most recently used), or ``None``."""
         value = self._items.get(key)
         if value is not None:
-            self._items.move_to_end(key)
+            try:
+                self._items.move_to_end(key)
+            except KeyError:  # another thread dropped it meanwhile: still a valid answer
+                pass
         return value
 
     def put(self, key: K, value: V) -> None:
@@ -104,7 +109,10 @@ class BoundedMemo(Generic[K, V]):
             len(items) > self.entries
             or (self.max_weight is not None and self.total_weight > self.max_weight)
         ):
-            key, value = items.popitem(last=False)
+            try:
+                key, value = items.popitem(last=False)
+            except KeyError:  # emptied by another thread meanwhile
+                break
             if self._weight is not None:
                 self.total_weight -= self._weight(value)
             if self._on_evict is not None:

@@ -7,6 +7,7 @@ import mmap
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -50,6 +51,28 @@ def test_memo_bounded_by_weight() -> None:
     memo.put(1, b"xy")
     memo.clear()
     assert (len(memo), memo.total_weight) == (0, 0)
+
+
+def test_memo_shared_by_racing_threads_never_raises() -> None:
+    memo: BoundedMemo[int, int] = BoundedMemo(2)
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        try:
+            for i in range(20_000):
+                key = (i * seed) % 5
+                assert memo.get_or_make(key, lambda k=key: k * 10) == key * 10
+                memo.pop((i + seed) % 5)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in (1, 3, 7)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(memo) <= 2
 
 
 def _fds() -> int:

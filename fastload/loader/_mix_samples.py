@@ -25,13 +25,13 @@ every source; a structure that still does not collate fails in the workers with 
 from __future__ import annotations
 
 import functools
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Self
 
 import numpy as np
 import numpy.typing as npt
 
+from fastload._memo import BoundedMemo
 from fastload.errors import InvalidArgumentError
 from fastload.loader._dataset import Dataset
 from fastload.loader._mix_schedule import (
@@ -64,17 +64,14 @@ class MixedOrder:
     def __init__(self, mix: MixedDataset, epoch: int) -> None:
         self.mix = mix
         self.epoch = check_seed("epoch", epoch)
-        self._orders: list[OrderedDict[int, SampleOrder]] = [OrderedDict() for _ in mix.sources]
+        self._orders: list[BoundedMemo[int, SampleOrder]] = [
+            BoundedMemo(self._CACHED_ORDERS) for _ in mix.sources
+        ]
 
     def _order(self, source: int, epoch: int) -> SampleOrder:
-        cache = self._orders[source]
-        order = cache.get(epoch)
-        if order is None:
-            order = self.mix.sources[source].order(epoch)
-            cache[epoch] = order
-            if len(cache) > self._CACHED_ORDERS:
-                cache.popitem(last=False)
-        return order
+        return self._orders[source].get_or_make(
+            epoch, lambda: self.mix.sources[source].order(epoch)
+        )
 
     def indices(self, positions: npt.ArrayLike) -> IntArray:
         """Mixed indices of the given positions of the epoch (each in ``[0, len(mix))``)."""

@@ -40,13 +40,13 @@ from __future__ import annotations
 
 import bisect
 import os
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from fastload._memo import BoundedMemo
 from fastload._units import check_int
 from fastload.errors import InvalidArgumentError
 from fastload.formats.tokens import TokenLayout
@@ -188,9 +188,10 @@ class TokenDataset:
         starts = np.zeros(len(layout.shard_tokens) + 1, dtype=np.int64)
         np.cumsum(layout.shard_tokens, out=starts[1:])
         self._shard_start: IntArray = starts
-        self._orders: OrderedDict[int, EpochOrder] = OrderedDict()
-        self._perms: OrderedDict[tuple[int, int], IntArray] = OrderedDict()
-        self._tables: OrderedDict[tuple[int, int], _WindowTable] = OrderedDict()
+        # The last two epochs' orders and windows' tables (a batch spans at most two windows).
+        self._orders: BoundedMemo[int, EpochOrder] = BoundedMemo(2)
+        self._perms: BoundedMemo[tuple[int, int], IntArray] = BoundedMemo(2)
+        self._tables: BoundedMemo[tuple[int, int], _WindowTable] = BoundedMemo(2)
 
     # ---- the TokenSource contract -------------------------------------------------------------
 
@@ -326,9 +327,7 @@ class TokenDataset:
             size = min(self.window, self._num_sequences - w * self.window)
             rng = np.random.default_rng([self.seed, epoch, TAG_SEQUENCES, w])
             perm = rng.permutation(size).astype(np.int64, copy=False)
-            self._perms[key] = perm
-            while len(self._perms) > 2:
-                self._perms.popitem(last=False)
+            self._perms.put(key, perm)
         return perm
 
     def _window_table(self, epoch: int, at: int) -> _WindowTable:
@@ -347,9 +346,7 @@ class TokenDataset:
             table = _WindowTable(
                 start, last * self._seq_len, self.blocks, src, length, shard, block, inside
             )
-            self._tables[key] = table
-            while len(self._tables) > 2:
-                self._tables.popitem(last=False)
+            self._tables.put(key, table)
         return table
 
     def _order(self, epoch: int) -> EpochOrder:
@@ -363,9 +360,7 @@ class TokenDataset:
                 block_size=self.layout.block_tokens,
                 window=1,
             )
-            self._orders[epoch] = order
-            while len(self._orders) > 2:
-                self._orders.popitem(last=False)
+            self._orders.put(epoch, order)
         return order
 
     def close(self) -> None:

@@ -42,6 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fastload._lazy import PerProcess
+from fastload._memo import BoundedMemo
 from fastload._units import check_int
 from fastload.errors import CorruptDataError
 from fastload.formats import DAMAGED_SHARD_REMEDY
@@ -64,9 +65,11 @@ class Block(NamedTuple):
 
 
 #: Parsed ``.npy`` headers by their bytes (blocks repeat a few headers: parsing one with NumPy
-#: costs ~100 us, a lookup well under 1 us). Cleared when it reaches ``_MAX_HEADERS``.
-_HEADERS: dict[bytes, tuple[tuple[int, ...], np.dtype[Any]] | str] = {}
+#: costs ~100 us, a lookup well under 1 us), the ``_MAX_HEADERS`` used last.
 _MAX_HEADERS = 4096
+_HEADERS: BoundedMemo[bytes, tuple[tuple[int, ...], np.dtype[Any]] | str] = BoundedMemo(
+    _MAX_HEADERS
+)
 
 
 def parse_npy(buf: Any, offset: int, size: int, *, what: str, url: str) -> npt.NDArray[Any]:
@@ -101,9 +104,7 @@ def npy_layout(
     parsed = _HEADERS.get(header)
     if parsed is None:
         parsed = _parse_header(header, major)
-        if len(_HEADERS) >= _MAX_HEADERS:
-            _HEADERS.clear()
-        _HEADERS[header] = parsed
+        _HEADERS.put(header, parsed)
     if isinstance(parsed, str):
         raise bad(parsed)
     shape, dtype = parsed

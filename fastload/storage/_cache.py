@@ -41,6 +41,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import cast
 
 from fastload._lazy import PerProcess
+from fastload._memo import BoundedMemo
 from fastload._units import parse_size
 from fastload.errors import CacheFullError, InvalidArgumentError, ObjectNotFoundError, StoreError
 from fastload.storage._base import DEFAULT_COALESCE_BYTES, DEFAULT_READ_CHUNK, ObjectWriter, Store
@@ -54,7 +55,7 @@ __all__ = ["CachingStore", "parse_size"]  # parse_size re-exported from fastload
 
 #: A fill reuses the answer of a head of the same object forwarded this long ago at most.
 HEAD_REUSE_S = 10.0
-_MAX_HEADS = 4096  # remembered forwarded heads per process (forgotten all at once beyond)
+_MAX_HEADS = 4096  # remembered forwarded heads per process (least recently used out beyond)
 #: An object that found no room on the cache's filesystem is read uncached, without trying to
 #: cache it again, for this long (per process): a shard read sample by sample tries once.
 NO_ROOM_RETRY_S = 30.0
@@ -72,7 +73,9 @@ class _ProcessState:
     #: Heads of uncached objects this process forwarded (key -> (monotonic time, answer)): the
     #: fill that usually follows (a shard reader asks for the size, then reads) reuses the answer
     #: instead of asking again.
-    heads: dict[str, tuple[float, ObjectMeta]] = dataclasses.field(default_factory=dict)
+    heads: BoundedMemo[str, tuple[float, ObjectMeta]] = dataclasses.field(
+        default_factory=lambda: BoundedMemo(_MAX_HEADS)
+    )
     counters: dict[str, int] = dataclasses.field(
         default_factory=lambda: dict.fromkeys(COUNTER_NAMES, 0)
     )
@@ -81,7 +84,9 @@ class _ProcessState:
     shared: ProcessCounters | bool | None = None
     #: Objects that found no room on the cache's filesystem: key -> (monotonic time, the error),
     #: read uncached until :data:`NO_ROOM_RETRY_S` has passed.
-    no_room: dict[str, tuple[float, CacheFullError]] = dataclasses.field(default_factory=dict)
+    no_room: BoundedMemo[str, tuple[float, CacheFullError]] = dataclasses.field(
+        default_factory=lambda: BoundedMemo(_MAX_HEADS)
+    )
 
 
 class _CacheWriter(ObjectWriter):
@@ -225,9 +230,7 @@ class CachingStore(WrapperStore):
         if prefetch:
             raise full  # the read that needs the object decides
         with state.lock:
-            if len(state.no_room) >= _MAX_HEADS:
-                state.no_room.clear()
-            state.no_room[key] = (time.monotonic(), full)
+            state.no_room.put(key, (time.monotonic(), full))
         self._count("disk_full_uncached")
         self._disk.warn_uncached(full)
         if copy:
@@ -466,9 +469,7 @@ class CachingStore(WrapperStore):
         if not self._revalidate:
             state = self._proc.get()
             with state.lock:
-                if len(state.heads) >= _MAX_HEADS:
-                    state.heads.clear()
-                state.heads[key] = (time.monotonic(), meta)
+                state.heads.put(key, (time.monotonic(), meta))
         return meta
 
     def _recent_head(self, key: str) -> ObjectMeta | None:
@@ -476,7 +477,7 @@ class CachingStore(WrapperStore):
         :data:`HEAD_REUSE_S` seconds (then forgotten), else None."""
         state = self._proc.get()
         with state.lock:
-            seen = state.heads.pop(key, None)
+            seen = state.heads.pop(key)
         if seen is None or time.monotonic() - seen[0] > HEAD_REUSE_S:
             return None
         return seen[1]
