@@ -180,8 +180,11 @@ class Pool(Executor):
         self.executor = ProcessPoolExecutor(
             max_workers=n_workers,
             mp_context=ctx,
-            initializer=_worker.init_worker,
-            initargs=(self.samples, self.nbytes, self.jobs, self.taken, self.stop, os.getpid()),
+            initializer=_init_worker,
+            initargs=(
+                dict(os.environ),
+                (self.samples, self.nbytes, self.jobs, self.taken, self.stop, os.getpid()),
+            ),
         )
         forking = ctx.get_start_method() == "fork"
         if forking:
@@ -211,6 +214,16 @@ class Pool(Executor):
 
     def run(self, jobs: Iterator[ShardJob], done: ShardRecords) -> None:
         _run_pool(self, jobs, done)
+
+
+def _init_worker(environ: dict[str, str], args: tuple[Any, ...]) -> None:
+    """A worker's initializer: the converting process's environment as it is now (a forkserver
+    started by an earlier conversion keeps the environment of its start, which its children would
+    inherit), then :func:`fastload.convert._worker.init_worker`."""
+    if os.environ != environ:
+        os.environ.clear()
+        os.environ.update(environ)
+    _worker.init_worker(*args)
 
 
 def run_jobs(

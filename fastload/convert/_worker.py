@@ -331,7 +331,8 @@ def write_shards(
     """
     records: list[dict[str, Any]] = []
     pending: Future[dict[str, Any]] | None = None
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastload-commit") as committer:
+    committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastload-commit")
+    try:
         for job in jobs:
             written = write_samples(job)
             if on_written is not None:
@@ -345,7 +346,21 @@ def write_shards(
             pending = committer.submit(commit_shard, written)
         if pending is not None:
             records.append(pending.result())
+    finally:
+        _finish_commits(committer)
     return records
+
+
+def _finish_commits(committer: ThreadPoolExecutor) -> None:
+    """Wait until the commit in flight (if any) has ended, whatever interrupts the wait: a shard
+    is then either committed with its done record or not visible. (A Ray task being cancelled
+    gets a ``KeyboardInterrupt`` again every few seconds until it ends: a second one in the middle
+    of the wait would otherwise leave the commit running after the task ended, and a shard
+    without its done record when the runtime stops.)"""
+    while True:
+        with contextlib.suppress(KeyboardInterrupt):
+            committer.shutdown(wait=True)
+            return
 
 
 def _queued_jobs() -> Iterator[ShardJob]:
