@@ -1,6 +1,6 @@
 """The operating-system calls Python's standard library does not offer, in one place.
 
-Three calls, each used where it pays and each a no-op (or ``None``) where the system lacks it:
+Four calls, each used where it pays and each a no-op (or ``None``) where the system lacks it:
 
 * :func:`map_read_only`: a file mapped read-only *without keeping a file descriptor* (parsed
   index files: one per shard, thousands per process, must not count against ``RLIMIT_NOFILE``).
@@ -10,6 +10,9 @@ Three calls, each used where it pays and each a no-op (or ``None``) where the sy
   shared-memory block): its pages backed in one call instead of a fault per page (Linux >= 5.14).
 * :func:`die_with_parent`: ``prctl(PR_SET_PDEATHSIG)``, the kernel kills the calling process
   when its parent dies (Linux).
+* :func:`never_free`: one more reference to a Python object that nothing drops, so that it is
+  never deallocated, not even at interpreter exit (an object inherited through ``fork`` whose
+  destructor would wait on threads that exist only in the parent).
 
 **Guarded one way**: libc is looked up once (:func:`_libc`), only on Linux, and every call that
 needs it returns ``False``/``None`` where it is missing or fails; nothing here raises. Thread-safe;
@@ -26,7 +29,7 @@ import sys
 import weakref
 from typing import Any
 
-__all__ = ["die_with_parent", "map_read_only", "populate"]
+__all__ = ["die_with_parent", "map_read_only", "never_free", "populate"]
 
 _O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 _MADV_POPULATE_WRITE = 23  # <linux/mman.h>
@@ -120,3 +123,11 @@ def die_with_parent(signal_number: int) -> bool:
     if libc is None:
         return False
     return bool(libc.prctl(_PR_SET_PDEATHSIG, signal_number, 0, 0, 0) == 0)
+
+
+def never_free(obj: object) -> None:
+    """Take a reference to ``obj`` that is never released: its destructor never runs in this
+    process, not even when the interpreter exits (a forked child's copy of an object owning its
+    parent's threads, e.g. an ``hdfs_native`` client's Tokio runtime, whose destructor would wait
+    for them forever)."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))

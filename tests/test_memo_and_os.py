@@ -9,13 +9,14 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fastload._memo import BoundedMemo
-from fastload._os import die_with_parent, map_read_only, populate
+from fastload._os import die_with_parent, map_read_only, never_free, populate
 
 
 def test_memo_keeps_the_most_recently_used_within_its_entries() -> None:
@@ -110,6 +111,18 @@ def test_map_read_only_outlives_its_file_name(tmp_path: Path) -> None:
     del found
     path.unlink()  # the mapping keeps the pages, and the array keeps the mapping
     assert bytes(array) == b"abc"
+
+
+def test_never_free_keeps_an_object_that_nothing_else_references() -> None:
+    class Owned:
+        pass
+
+    kept, dropped = Owned(), Owned()
+    kept_ref, dropped_ref = weakref.ref(kept), weakref.ref(dropped)
+    never_free(kept)
+    del kept, dropped
+    assert dropped_ref() is None
+    assert isinstance(kept_ref(), Owned)
 
 
 def test_populate_leaves_the_memory_usable() -> None:

@@ -18,14 +18,20 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import math
+import os
 import re
 import threading
+import time
 import uuid
+import warnings
+import weakref
 from collections.abc import Iterator
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from fastload._lazy import PerProcess
+from fastload._os import never_free
 from fastload._plugins import require
 from fastload.errors import (
     InvalidArgumentError,
@@ -58,6 +64,78 @@ _RETRIABLE_RPC = frozenset(
 )
 
 
+#: Every ``hdfs_native`` client this process made and still holds (weakly). Each client owns a
+#: Tokio runtime whose threads exist only in the process that made it; dropping an inherited
+#: client in a forked child (a DataLoader worker forgetting its parent's clients) waits forever
+#: for those threads. So a forked child keeps every client it inherited alive until it exits.
+_CLIENTS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+#: ``hdfs-native`` keeps DataNode connections in one process-wide cache for 3 s after a read
+#: (``DATANODE_CACHE_EXPIRY``). A forked child that took one of its parent's connections from that
+#: cache would wait on a socket served by the parent's runtime, whose threads it does not have
+#: (a read stalls until the socket times out). So a fork waits, at most :data:`_FORK_WAIT_LIMIT`
+#: seconds, until no HDFS call is in flight and the last one ended more than the expiry ago; the
+#: child then finds only expired entries and makes its own connections.
+_DATANODE_CACHE_EXPIRY = 3.0
+_FORK_WAIT_LIMIT = 15.0
+
+
+class _Calls:
+    """Counts the HDFS calls in flight in this process and when the last one ended."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.last_end = -math.inf
+        self.used = False
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        with self.lock:
+            self.in_flight += 1
+            self.used = True
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+                self.last_end = time.monotonic()
+
+    def settle_before_fork(self) -> None:
+        """Wait until a forked child cannot inherit a live DataNode connection (see above)."""
+        if not self.used:
+            return
+        deadline = time.monotonic() + _FORK_WAIT_LIMIT
+        while True:
+            with self.lock:
+                idle = self.in_flight == 0
+                wait = self.last_end + _DATANODE_CACHE_EXPIRY + 0.25 - time.monotonic()
+            if idle and wait <= 0:
+                return
+            if time.monotonic() >= deadline:
+                warnings.warn(
+                    "fastload: forking while HDFS reads are in flight; the child may wait on a "
+                    "DataNode connection of its parent's. Give the DataLoader "
+                    "multiprocessing_context='forkserver' to avoid forking an HDFS client.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                return
+            time.sleep(min(max(wait, 0.01), 0.1) if idle else 0.01)
+
+    def after_fork_in_child(self) -> None:
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.used = True  # the DataNode cache came along; a grandchild must wait as well
+        for client in list(_CLIENTS):
+            never_free(client)
+        _CLIENTS.clear()
+
+
+_CALLS = _Calls()
+os.register_at_fork(before=_CALLS.settle_before_fork, after_in_child=_CALLS.after_fork_in_child)
+
+
 def _first_line(message: str) -> str:
     """``message`` up to its first line break (real or escaped): a NameNode exception's text
     without the Java stack trace, at most 500 characters."""
@@ -76,22 +154,24 @@ class _HDFSWriter(ObjectWriter):
 
     def _write(self, data: memoryview) -> None:
         try:
-            self._file.write(bytes(data))
+            with _CALLS.running():
+                self._file.write(bytes(data))
         except Exception as exc:
             raise self._store._translate(exc, self._key) from exc
 
     def _commit(self) -> None:
         client = self._store._client()
         try:
-            self._file.close()
-            client.rename(self._tmp, self._path, overwrite=True)
+            with _CALLS.running():
+                self._file.close()
+                client.rename(self._tmp, self._path, overwrite=True)
         except Exception as exc:
             raise self._store._translate(exc, self._key) from exc
 
     def _abort(self) -> None:
-        with contextlib.suppress(Exception):
+        with _CALLS.running(), contextlib.suppress(Exception):
             self._file.close()
-        with contextlib.suppress(Exception):
+        with _CALLS.running(), contextlib.suppress(Exception):
             self._store._client().delete(self._tmp)
 
 
@@ -187,7 +267,10 @@ class HDFSStore(Store):
         make a client)."""
         hdfs_native = require("hdfs_native", extra="hdfs", feature="the hdfs:// store")
         kwargs = {k: v for k, v in self._kerberos.items() if v is not None}
-        return hdfs_native.Client(self._cluster, config=self._config, **kwargs)
+        with _CALLS.running():
+            client = hdfs_native.Client(self._cluster, config=self._config, **kwargs)
+        _CLIENTS.add(client)
+        return client
 
     def _create(self, path: str, key: str) -> Any:
         """Open a new file at ``path`` for writing ``key`` (replacing any file there, making the
@@ -195,7 +278,9 @@ class HDFSStore(Store):
         client = self._client()
         hdfs_native = require("hdfs_native", extra="hdfs", feature="the hdfs:// store")
         try:
-            return client.create(path, hdfs_native.WriteOptions(overwrite=True, create_parent=True))
+            with _CALLS.running():
+                options = hdfs_native.WriteOptions(overwrite=True, create_parent=True)
+                return client.create(path, options)
         except Exception as exc:
             raise self._translate(exc, key) from exc
 
@@ -274,16 +359,17 @@ class HDFSStore(Store):
         path = self._path(key)
         client = self._client()
         try:
-            reader = client.read(path)
-            size = len(reader)
-            if byte_range is None:
-                data: bytes = reader.read_range(0, size) if size else b""
+            with _CALLS.running():
+                reader = client.read(path)
+                size = len(reader)
+                if byte_range is None:
+                    data: bytes = reader.read_range(0, size) if size else b""
+                    return data
+                check_range(byte_range, size, url=self.child_url(key))
+                if byte_range.length == 0:
+                    return b""
+                data = reader.read_range(byte_range.start, byte_range.length)
                 return data
-            check_range(byte_range, size, url=self.child_url(key))
-            if byte_range.length == 0:
-                return b""
-            data = reader.read_range(byte_range.start, byte_range.length)
-            return data
         except StoreError:
             raise
         except Exception as exc:
@@ -293,7 +379,8 @@ class HDFSStore(Store):
         path = self._path(key)
         client = self._client()
         try:
-            status = client.get_file_info(path)
+            with _CALLS.running():
+                status = client.get_file_info(path)
         except Exception as exc:
             raise self._translate(exc, key) from exc
         if status.isdir:
@@ -312,7 +399,8 @@ class HDFSStore(Store):
         start = f"{self._root}/{head}" if head else (self._root or "/")
         client = self._client()
         try:
-            statuses = builtins.list(client.list_status(start, recursive=True))
+            with _CALLS.running():
+                statuses = builtins.list(client.list_status(start, recursive=True))
         except FileNotFoundError:
             return
         except Exception as exc:
@@ -349,7 +437,8 @@ class HDFSStore(Store):
         path = self._path(key)
         client = self._client()
         try:
-            deleted = client.delete(path, False)
+            with _CALLS.running():
+                deleted = client.delete(path, False)
         except Exception as exc:
             raise self._translate(exc, key) from exc
         if not deleted:

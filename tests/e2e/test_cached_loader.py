@@ -7,7 +7,6 @@ the cache stays within its budget, and each worker's prefetch follows the epoch'
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -31,38 +30,21 @@ def remote(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     return root
 
 
-def cache_files(cache_dir: Path) -> dict[str, int]:
-    """Cached objects (path -> inode). A re-download replaces the file, so its inode changes."""
-    out = {}
-    for dirpath, _, names in os.walk(cache_dir / "objects"):
-        for name in names:
-            if not name.endswith((".json", ".tmp")):
-                path = os.path.join(dirpath, name)
-                out[path] = os.stat(path).st_ino
-    return out
-
-
-def epoch_keys(loader: fastload.DataLoader, epoch: int) -> list[str]:
-    loader.set_epoch(epoch)
-    keys: list[str] = []
-    for batch_keys, labels in loader:
-        assert [int(c) for c in labels] == [int(k[1:4]) for k in batch_keys]  # data intact
-        keys.extend(batch_keys)
-    return keys
-
-
 def test_epochs_through_the_cache_are_exact_and_download_once(
-    remote: Path, image_keys: list[str], tmp_path: Path
+    remote: Path,
+    image_keys: list[str],
+    tmp_path: Path,
+    e2e: Any,
 ) -> None:
     cache = tmp_path / "cache"
     ds = fastload.open_dataset(
         remote, cache_dir=cache, cache_size="50MB", seed=5, fields=("__key__", "cls")
     )
     assert isinstance(ds.store, CachingStore)
-    assert cache_files(cache) == {}  # the manifest is read from the store, not cached
+    assert e2e.cache_files(cache) == {}  # the manifest is read from the store, not cached
     loader = fastload.DataLoader(ds, batch_size=16, num_workers=2)
-    assert sorted(epoch_keys(loader, 0)) == image_keys
-    filled = cache_files(cache)
+    assert sorted(e2e.epoch_keys(loader, 0)) == image_keys
+    filled = e2e.cache_files(cache)
     assert len(filled) == 2 * ds.num_shards  # every shard and its index, once
     # The node's counters, summed over the two workers (gone: not persistent), say the same.
     sizes = sum(ds.store.size(k) + ds.store.size(f"{k}.idx") for k in ds.shard_keys)
@@ -75,16 +57,19 @@ def test_epochs_through_the_cache_are_exact_and_download_once(
     assert 4 * ds.num_shards <= stats["node_cache_requests"] <= 5 * ds.num_shards
     assert stats["node_cache_evictions"] == 0
     for epoch in (1, 2):
-        keys = epoch_keys(loader, epoch)
+        keys = e2e.epoch_keys(loader, epoch)
         assert sorted(keys) == image_keys
-        assert cache_files(cache) == filled  # nothing downloaded again
+        assert e2e.cache_files(cache) == filled  # nothing downloaded again
     again = loader.stats()
     assert again["node_cache_bytes_downloaded"] == sizes
     assert again["node_cache_hits"] > stats["node_cache_hits"]
 
 
 def test_streaming_shuffle_stays_within_a_small_cache(
-    remote: Path, image_keys: list[str], tmp_path: Path
+    remote: Path,
+    image_keys: list[str],
+    tmp_path: Path,
+    e2e: Any,
 ) -> None:
     budget = 400_000  # ~4 of the 15 shards (with their indexes)
     ds = fastload.open_dataset(
@@ -98,7 +83,7 @@ def test_streaming_shuffle_stays_within_a_small_cache(
     )
     loader = fastload.DataLoader(ds, batch_size=10, num_workers=2)
     for epoch in (0, 1):
-        assert sorted(epoch_keys(loader, epoch)) == image_keys
+        assert sorted(e2e.epoch_keys(loader, epoch)) == image_keys
         assert isinstance(ds.store, CachingStore)
         assert ds.store.cached_bytes() <= budget
 

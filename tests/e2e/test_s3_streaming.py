@@ -38,28 +38,6 @@ pytestmark = [pytest.mark.ceph, pytest.mark.timeout(120)]
 PATIENT = RetryConfig(max_retries=60, initial_backoff=0.05, max_backoff=0.5, retry_timeout=60.0)
 
 
-def epoch_keys(loader: fastload.DataLoader, epoch: int | None = None) -> list[str]:
-    """Keys of one epoch, checking that every label matches its key (data intact)."""
-    if epoch is not None:
-        loader.set_epoch(epoch)
-    keys: list[str] = []
-    for batch_keys, labels in loader:
-        assert [int(c) for c in labels] == [int(k[1:4]) for k in batch_keys]
-        keys.extend(batch_keys)
-    return keys
-
-
-def cache_files(cache_dir: Path) -> dict[str, int]:
-    """Cached objects (path -> inode). A re-download replaces the file, so its inode changes."""
-    out = {}
-    for dirpath, _, names in os.walk(cache_dir / "objects"):
-        for name in names:
-            if not name.endswith((".json", ".tmp")):
-                path = os.path.join(dirpath, name)
-                out[path] = os.stat(path).st_ino
-    return out
-
-
 def empty_bucket(client: Any, bucket: str) -> None:
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
         keys = [{"Key": obj["Key"]} for obj in page.get("Contents", ())]
@@ -103,7 +81,12 @@ def own_cluster(ceph_s3: CephS3) -> None:
 
 
 def test_convert_to_s3_then_train_from_a_cache(
-    ceph_s3: CephS3, s3_bucket: str, image_folder: Path, image_keys: list[str], tmp_path: Path
+    ceph_s3: CephS3,
+    s3_bucket: str,
+    image_folder: Path,
+    image_keys: list[str],
+    tmp_path: Path,
+    e2e: Any,
 ) -> None:
     url = f"s3://{s3_bucket}/ds"
     result = fastload.convert(
@@ -126,16 +109,16 @@ def test_convert_to_s3_then_train_from_a_cache(
     )
     assert isinstance(ds.store, CachingStore)
     assert ds.url == url
-    assert cache_files(cache) == {}
+    assert e2e.cache_files(cache) == {}
     loader = fastload.DataLoader(ds, batch_size=16, num_workers=2)
 
     # Epoch 0 streams from RGW while filling the cache; epochs 1 and 2 download nothing.
-    orders = [epoch_keys(loader, 0)]
-    filled = cache_files(cache)
+    orders = [e2e.epoch_keys(loader, 0)]
+    filled = e2e.cache_files(cache)
     assert len(filled) == 2 * ds.num_shards  # each shard and its index, downloaded once
     for epoch in (1, 2):
-        orders.append(epoch_keys(loader, epoch))
-        assert cache_files(cache) == filled
+        orders.append(e2e.epoch_keys(loader, epoch))
+        assert e2e.cache_files(cache) == filled
     for keys in orders:
         assert sorted(keys) == image_keys  # every sample exactly once per epoch
     assert orders[0] != orders[1]  # and a new order each epoch
@@ -150,11 +133,11 @@ def test_convert_to_s3_then_train_from_a_cache(
     state = loader.state_dict()
     resumed = fastload.DataLoader(ds, batch_size=16, num_workers=1)
     resumed.load_state_dict(state)
-    tail = epoch_keys(resumed, 3)
-    full = epoch_keys(fastload.DataLoader(ds, batch_size=16, num_workers=0), 3)
+    tail = e2e.epoch_keys(resumed, 3)
+    full = e2e.epoch_keys(fastload.DataLoader(ds, batch_size=16, num_workers=0), 3)
     assert head + tail == full
     assert sorted(full) == image_keys
-    assert cache_files(cache) == filled
+    assert e2e.cache_files(cache) == filled
 
 
 # ---- the converter killed while writing to S3 ----------------------------------------------------
@@ -246,7 +229,12 @@ def test_converter_killed_while_writing_to_s3_resumes_byte_identical(
 
 @pytest.mark.parametrize("cached", [True, False], ids=["cache", "direct"])
 def test_radosgw_killed_mid_epoch_and_restarted(
-    ceph_s3: CephS3, fault_dataset: str, image_keys: list[str], tmp_path: Path, cached: bool
+    ceph_s3: CephS3,
+    fault_dataset: str,
+    image_keys: list[str],
+    tmp_path: Path,
+    cached: bool,
+    e2e: Any,
 ) -> None:
     own_cluster(ceph_s3)
     cache = tmp_path / "cache"
@@ -266,7 +254,7 @@ def test_radosgw_killed_mid_epoch_and_restarted(
     keys = list(batch_keys)
     stop_rgw(ceph_s3)  # SIGKILL, as a crash
     if cached:
-        assert len(cache_files(cache)) < 2 * ds.num_shards  # shards are still to be downloaded
+        assert len(e2e.cache_files(cache)) < 2 * ds.num_shards  # shards are still to be downloaded
     restart = threading.Timer(1.0, start_rgw, args=(ceph_s3,))
     restart.start()
     try:
@@ -278,7 +266,10 @@ def test_radosgw_killed_mid_epoch_and_restarted(
 
 
 def test_radosgw_down_past_the_retry_budget_fails_clearly(
-    ceph_s3: CephS3, fault_dataset: str, tmp_path: Path
+    ceph_s3: CephS3,
+    fault_dataset: str,
+    tmp_path: Path,
+    e2e: Any,
 ) -> None:
     own_cluster(ceph_s3)
     brief = RetryConfig(max_retries=3, initial_backoff=0.05, max_backoff=0.2, retry_timeout=3.0)
@@ -294,7 +285,7 @@ def test_radosgw_down_past_the_retry_budget_fails_clearly(
     try:
         began = time.monotonic()
         with pytest.raises(WorkerError) as info:
-            epoch_keys(loader, 0)
+            e2e.epoch_keys(loader, 0)
         assert time.monotonic() - began < 60  # no hang: the budget is a few seconds
         text = str(info.value)
         assert f"{fault_dataset}/shard-" in text  # names the object that could not be read
