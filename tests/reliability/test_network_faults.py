@@ -472,7 +472,9 @@ class _CacheWatcher:
         self.scan()
 
 
+@pytest.mark.parametrize("seed", [32, 33, 34])  # three runs, as the report had
 def test_epochs_through_faults_and_an_evicting_cache_are_exact(
+    seed: int,
     ceph_s3: CephS3,
     s3_bucket: str,
     proxy: FaultProxy,
@@ -495,7 +497,7 @@ def test_epochs_through_faults_and_an_evicting_cache_are_exact(
         transform=_key_and_hash,
     )
     loader = fastload.DataLoader(ds, batch_size=8, num_workers=2, collate_fn=_pairs)
-    faults(proxy, 0.05, seed=32)
+    faults(proxy, 0.05, seed=seed)
     watcher = _CacheWatcher(cache, whole)
     try:
         for epoch in range(3):
