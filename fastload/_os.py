@@ -14,6 +14,11 @@ Four calls, each used where it pays and each a no-op (or ``None``) where the sys
   never deallocated, not even at interpreter exit (an object inherited through ``fork`` whose
   destructor would wait on threads that exist only in the parent).
 
+And two uses of the standard library's :mod:`signal`, for commands that must end promptly and
+cleanly however often Ctrl-C is pressed: :func:`interrupts_escalate` (the first Ctrl-C raises
+``KeyboardInterrupt``, later ones call a function instead of raising again in the middle of the
+clean-up) and :func:`interrupts_ignored` (a command that is ending).
+
 **Guarded one way**: libc is looked up once (:func:`_libc`), only on Linux, and every call that
 needs it returns ``False``/``None`` where it is missing or fails; nothing here raises. Thread-safe;
 safe in forked children (nothing is held per process).
@@ -21,15 +26,26 @@ safe in forked children (nothing is held per process).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import mmap
 import os
+import signal
 import sys
+import threading
 import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["die_with_parent", "map_read_only", "never_free", "populate"]
+__all__ = [
+    "die_with_parent",
+    "interrupts_escalate",
+    "interrupts_ignored",
+    "map_read_only",
+    "never_free",
+    "populate",
+]
 
 _O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 _MADV_POPULATE_WRITE = 23  # <linux/mman.h>
@@ -131,3 +147,55 @@ def never_free(obj: object) -> None:
     parent's threads, e.g. an ``hdfs_native`` client's Tokio runtime, whose destructor would wait
     for them forever)."""
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+
+
+@contextlib.contextmanager
+def interrupts_ignored(keep: bool = False) -> Iterator[None]:
+    """SIGINT (Ctrl-C) ignored meanwhile, then its handler restored (``keep``: ignored until the
+    process exits; for a command that is ending). Only in the main thread (the only one that can
+    set handlers), and only when the handler is Python's default (one the application set is
+    left alone); otherwise this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handler = signal.getsignal(signal.SIGINT)
+    if handler is not signal.default_int_handler:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        if not keep:
+            signal.signal(signal.SIGINT, handler)
+
+
+@contextlib.contextmanager
+def interrupts_escalate(on_repeat: Callable[[], None]) -> Iterator[None]:
+    """Meanwhile the first SIGINT (Ctrl-C) raises ``KeyboardInterrupt`` as usual, and every later
+    one calls ``on_repeat`` instead (in the main thread, between two bytecodes: it must only set
+    a flag, never take a lock). So the clean-up that the first one started is not cut short by a
+    second ``KeyboardInterrupt``: ``on_repeat`` asks it to hurry. The handler is restored
+    afterwards. Only in the main thread, and only over Python's default handler (one the
+    application set is left alone); otherwise this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handler = signal.getsignal(signal.SIGINT)
+    if handler is not signal.default_int_handler:
+        yield
+        return
+    seen = False
+
+    def escalate(signum: int, frame: Any) -> None:
+        nonlocal seen
+        if not seen:
+            seen = True
+            raise KeyboardInterrupt
+        on_repeat()
+
+    signal.signal(signal.SIGINT, escalate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)

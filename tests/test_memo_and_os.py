@@ -16,7 +16,14 @@ import numpy as np
 import pytest
 
 from fastload._memo import BoundedMemo
-from fastload._os import die_with_parent, map_read_only, never_free, populate
+from fastload._os import (
+    die_with_parent,
+    interrupts_escalate,
+    interrupts_ignored,
+    map_read_only,
+    never_free,
+    populate,
+)
 
 
 def test_memo_keeps_the_most_recently_used_within_its_entries() -> None:
@@ -171,3 +178,17 @@ def test_die_with_parent_kills_the_child_when_its_parent_dies(tmp_path: Path) ->
     while _running(grandchild):  # killed by the kernel (a zombie until someone reaps it)
         assert time.monotonic() < deadline, "the grandchild outlived its parent"
         time.sleep(0.01)
+
+
+def test_interrupts_escalate_raises_once_then_calls_back() -> None:
+    calls: list[int] = []
+    with interrupts_escalate(lambda: calls.append(1)):
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
+    assert calls == [1, 1]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with interrupts_ignored():
+        signal.raise_signal(signal.SIGINT)  # ignored: nothing raised
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -28,8 +28,9 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
+from fastload._os import interrupts_ignored
 from fastload._version import __version__
 from fastload.cli import _capacity, _convert, _tools
 from fastload.cli._common import (
@@ -88,6 +89,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``fastload`` command; returns the exit status (see the module docstring)."""
+    return _main(argv, exiting=False)
+
+
+def run() -> NoReturn:
+    """The ``fastload`` program (its console script and ``python -m fastload.cli``):
+    :func:`main`, then exit with its status. Once a command is interrupted, further Ctrl-C are
+    ignored until the process has exited: one that came while the interpreter shuts down would
+    end it by SIGINT instead of exit status 130."""
+    sys.exit(_main(None, exiting=True))
+
+
+def _main(argv: Sequence[str] | None, exiting: bool) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     show_retries(args.command, quiet=bool(getattr(args, "quiet", False)))
@@ -98,13 +111,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt as exc:
         # convert has said how far it got and how to resume (its note; printed already unless
-        # --quiet); the other commands have nothing to resume
-        notes = getattr(exc, "__notes__", None)
-        if not notes:
-            sys.stderr.write(f"fastload {args.command}: interrupted\n")
-        elif getattr(args, "quiet", False):
-            for note in notes:
-                sys.stderr.write(f"fastload {args.command}: {note}\n")
+        # --quiet); the other commands have nothing to resume. Ctrl-C again meanwhile: the
+        # command is ending already.
+        with interrupts_ignored(keep=exiting):
+            notes = getattr(exc, "__notes__", None)
+            if not notes:
+                sys.stderr.write(f"fastload {args.command}: interrupted\n")
+            elif getattr(args, "quiet", False):
+                for note in notes:
+                    sys.stderr.write(f"fastload {args.command}: {note}\n")
+            sys.stderr.flush()
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # `fastload inspect ... | head`: the reader has what it wanted
         devnull = os.open(os.devnull, os.O_WRONLY)

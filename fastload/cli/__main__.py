@@ -1,7 +1,5 @@
 """``python -m fastload.cli``: the ``fastload`` command."""
 
-import sys
+from fastload.cli import run
 
-from fastload.cli import main
-
-sys.exit(main())
+run()

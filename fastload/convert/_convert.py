@@ -32,6 +32,7 @@ check its options and plan.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -40,6 +41,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, Any
 
+from fastload._os import interrupts_escalate
 from fastload._units import check_int
 from fastload._version import __version__
 from fastload.convert._empty import no_samples, nothing_kept
@@ -244,6 +246,14 @@ def convert(
     plan: PlanStream | None = None  # for the message of an interruption
     phase = "planning"
     interrupted: KeyboardInterrupt | None = None
+    # Ctrl-C raises KeyboardInterrupt once; again, it has the pool stop at once (and raises
+    # nothing in the middle of the shutdown or of the message saying how far it got).
+    def stop_now() -> None:
+        if pool is not None:
+            pool.stop_now()
+
+    escalation = contextlib.ExitStack()
+    escalation.enter_context(interrupts_escalate(stop_now))
     try:
         source = open_source(src, source_type=source_type, store_options=source_options)
         warn = WarningPrinter(source.warnings, stream, quiet)
@@ -392,16 +402,21 @@ def convert(
             if pool is not None:
                 pool.shutdown()  # waits for the workers: their writers are done after it
         finally:
-            if guard is not None:
-                guard.release()
-            if interrupted is not None:
-                shards_so_far = plan.shards if plan is not None and phase != "planning" else None
-                complete = plan is not None and plan.complete
-                text = interrupted_note(dst_store, shards_so_far, phase, complete)
-                interrupted.add_note(text)
-                if not quiet:
-                    stream.write(f"fastload convert: {text}\n")
-                    stream.flush()
+            try:
+                if guard is not None:
+                    guard.release()
+                if interrupted is not None:
+                    shards_so_far = (
+                        plan.shards if plan is not None and phase != "planning" else None
+                    )
+                    complete = plan is not None and plan.complete
+                    text = interrupted_note(dst_store, shards_so_far, phase, complete)
+                    interrupted.add_note(text)
+                    if not quiet:
+                        stream.write(f"fastload convert: {text}\n")
+                        stream.flush()
+            finally:
+                escalation.close()
 
 
 def _plan(

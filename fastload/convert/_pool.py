@@ -17,15 +17,18 @@ writing. Another engine (a cluster's tasks) is another :class:`Executor`, regist
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import multiprocessing
 import os
 import pickle
+import signal
 import sys
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -81,6 +84,9 @@ class ShardRecords:
 #: Jobs queued ahead of the workers, per worker: enough that none waits for the next shard's units
 #: to be enumerated, few enough that the queue holds a few shards, not the plan.
 _QUEUED_PER_WORKER = 2
+#: After a second Ctrl-C, how long a worker may take to abort its shard (it looks at the stop
+#: flag before each sample) before it is killed.
+STOP_GRACE = 3.0
 
 
 def pool_context() -> multiprocessing.context.BaseContext:
@@ -136,6 +142,11 @@ class Executor(ABC):
         """Cancel: stop after the shards being written (and committed), and wait for that.
         Idempotent; the executor runs nothing afterwards."""
 
+    def stop_now(self) -> None:
+        """Ask a :meth:`shutdown` under way (or to come) to abort the shards being written
+        instead of finishing them (a second Ctrl-C). Called from a signal handler: sets a flag
+        and returns. Executors that cannot abort a shard any faster do nothing."""
+
 
 class InProcess(Executor):
     """Writes the jobs one after the other in the calling process (a commit thread overlaps
@@ -176,6 +187,9 @@ class Pool(Executor):
         self.jobs.cancel_join_thread()
         self.taken: Any = ctx.Value("q", 0)
         self.stop: Any = ctx.Value("b", 0)
+        #: The workers' long tasks (:func:`fastload.convert._worker.run_worker`), once started.
+        self.tasks: set[Future[list[dict[str, Any]]]] = set()
+        self._stop_now_at: float | None = None
         self._shut = False
         self.executor = ProcessPoolExecutor(
             max_workers=n_workers,
@@ -201,16 +215,53 @@ class Pool(Executor):
         for _ in range(self.n_workers):
             self.jobs.put(None)
 
+    def stop_now(self) -> None:
+        # The flag's value without its lock: a signal handler must not wait for a lock its
+        # thread may hold (a byte store; the workers read it before each sample).
+        self.stop.get_obj().value = _worker.STOP_NOW
+        if self._stop_now_at is None:
+            self._stop_now_at = time.monotonic()
+
     def shutdown(self) -> None:
         """Stop the workers after the shard each is writing (and committing), and wait for them
-        (once; later calls do nothing)."""
+        (once; later calls do nothing).
+
+        After :meth:`stop_now` (a second Ctrl-C), before or during the wait, the workers abort
+        their shards instead (they look at the stop flag before each sample; an aborted shard
+        leaves nothing visible, the re-run writes it), and those still busy
+        :data:`STOP_GRACE` seconds later (a map function slow on one sample) are killed.
+        A ``KeyboardInterrupt`` during the wait is taken as :meth:`stop_now` (where
+        :func:`~fastload._os.interrupts_escalate` is not in force).
+
+        This returns only when the executor's own shutdown has finished: a process that exits
+        while it is still under way has closed the queue that gives the workers their end
+        markers first, and waits for them forever.
+        """
         if self._shut:
             return
         self._shut = True
-        self.stop.value = 1
+        with self.stop.get_lock():
+            self.stop.value = max(self.stop.value, _worker.STOP_AFTER_SHARD)
         self.end_jobs()  # wakes the workers waiting for a job that will not come
-        self.executor.shutdown(wait=True, cancel_futures=True)
+        while True:
+            try:
+                busy = [task for task in self.tasks if not task.done()]
+                if busy and not self._past_grace():
+                    wait(busy, timeout=0.05)
+                    continue
+                if busy:
+                    # ProcessPoolExecutor has no public way to stop its processes.
+                    for pid in list(getattr(self.executor, "_processes", None) or {}):
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
+                self.executor.shutdown(wait=True, cancel_futures=True)
+                break
+            except KeyboardInterrupt:
+                self.stop_now()
         self.jobs.close()
+
+    def _past_grace(self) -> bool:
+        return self._stop_now_at is not None and time.monotonic() > self._stop_now_at + STOP_GRACE
 
     def run(self, jobs: Iterator[ShardJob], done: ShardRecords) -> None:
         _run_pool(self, jobs, done)
@@ -262,6 +313,7 @@ def _run_pool(pool: Pool, feed: Iterator[ShardJob], done: ShardRecords) -> None:
         return True
 
     pending = {pool.executor.submit(_worker.run_worker) for _ in range(pool.n_workers)}
+    pool.tasks = set(pending)
     feeding = top_up()
     failure: BaseException | None = None
     while pending:

@@ -103,6 +103,10 @@ class Counters:
 
 
 _COUNTERS = Counters()
+#: Values of the pool's stop flag: stop after the shard being written (the first Ctrl-C, a
+#: failure), or at once, aborting it (a second Ctrl-C).
+STOP_AFTER_SHARD = 1
+STOP_NOW = 2
 #: In a worker process: the queue of pickled shard jobs (``None`` ends it), the count of jobs
 #: taken from it (shared by the workers), the stop flag and the converting process's id.
 _JOBS: Any = None
@@ -193,6 +197,8 @@ def write_samples(job: ShardJob) -> Written:
             url = job.dst.child_url(name)
             blocks = TokenBlocks(job.tokenize, writer, job.shard.index, url, fail)
         for unit, result in job.source.read_units(job.units):
+            if _STOP is not None and _STOP.get_obj().value == STOP_NOW:
+                raise _Aborted(f"shard {name} aborted: the conversion was stopped at once")
             if isinstance(result, Exception):
                 fail(unit, describe(result), result)
                 continue
@@ -270,6 +276,10 @@ def write_samples(job: ShardJob) -> Written:
         raise
     _COUNTERS.add(pending_samples, pending_bytes + writer.num_bytes - before)
     return Written(job, writer, skipped, dropped, tokens)
+
+
+class _Aborted(Exception):
+    """A worker's shard abandoned on the pool's :data:`STOP_NOW` (nobody waits for its result)."""
 
 
 def _empty_image(sample: Mapping[str, Any]) -> str | None:
@@ -382,5 +392,6 @@ def run_worker() -> list[dict[str, Any]]:
     try:
         return write_shards(_queued_jobs())
     except BaseException:
-        _STOP.value = 1  # the conversion fails: other workers take no new shard
+        with _STOP.get_lock():  # the conversion fails: other workers take no new shard
+            _STOP.value = max(_STOP.value, STOP_AFTER_SHARD)
         raise
