@@ -150,41 +150,38 @@ def never_free(obj: object) -> None:
 
 
 @contextlib.contextmanager
-def interrupts_ignored(keep: bool = False) -> Iterator[None]:
-    """SIGINT (Ctrl-C) ignored meanwhile, then its handler restored (``keep``: ignored until the
-    process exits; for a command that is ending). Only in the main thread (the only one that can
-    set handlers), and only when the handler is Python's default (one the application set is
-    left alone); otherwise this does nothing."""
-    if threading.current_thread() is not threading.main_thread():
+def _sigint_handler(handler: Any, restore: bool = True) -> Iterator[None]:
+    """``handler`` for SIGINT meanwhile, then Python's default again (unless not ``restore``).
+    Only in the main thread (the only one that can set handlers), and only over Python's default
+    handler (one the application set is left alone); otherwise this does nothing."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
         yield
         return
-    handler = signal.getsignal(signal.SIGINT)
-    if handler is not signal.default_int_handler:
-        yield
-        return
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, handler)
     try:
         yield
     finally:
-        if not keep:
-            signal.signal(signal.SIGINT, handler)
+        if restore:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-@contextlib.contextmanager
-def interrupts_escalate(on_repeat: Callable[[], None]) -> Iterator[None]:
+def interrupts_ignored(keep: bool = False) -> contextlib.AbstractContextManager[None]:
+    """SIGINT (Ctrl-C) ignored meanwhile, then its handler restored (``keep``: ignored until the
+    process exits; for a command that is ending). Only in the main thread, over Python's default
+    handler; otherwise this does nothing."""
+    return _sigint_handler(signal.SIG_IGN, restore=not keep)
+
+
+def interrupts_escalate(on_repeat: Callable[[], None]) -> contextlib.AbstractContextManager[None]:
     """Meanwhile the first SIGINT (Ctrl-C) raises ``KeyboardInterrupt`` as usual, and every later
     one calls ``on_repeat`` instead (in the main thread, between two bytecodes: it must only set
     a flag, never take a lock). So the clean-up that the first one started is not cut short by a
     second ``KeyboardInterrupt``: ``on_repeat`` asks it to hurry. The handler is restored
-    afterwards. Only in the main thread, and only over Python's default handler (one the
-    application set is left alone); otherwise this does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    handler = signal.getsignal(signal.SIGINT)
-    if handler is not signal.default_int_handler:
-        yield
-        return
+    afterwards. Only in the main thread, over Python's default handler; otherwise this does
+    nothing."""
     seen = False
 
     def escalate(signum: int, frame: Any) -> None:
@@ -194,8 +191,4 @@ def interrupts_escalate(on_repeat: Callable[[], None]) -> Iterator[None]:
             raise KeyboardInterrupt
         on_repeat()
 
-    signal.signal(signal.SIGINT, escalate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, handler)
+    return _sigint_handler(escalate)

@@ -246,6 +246,7 @@ def convert(
     plan: PlanStream | None = None  # for the message of an interruption
     phase = "planning"
     interrupted: KeyboardInterrupt | None = None
+
     # Ctrl-C raises KeyboardInterrupt once; again, it has the pool stop at once (and raises
     # nothing in the middle of the shutdown or of the message saying how far it got).
     def stop_now() -> None:
