@@ -194,7 +194,8 @@ def _client_error(exc: Exception, url: str, action: str, ctx: ErrorContext) -> S
     err = response.get("Error", {})
     code = str(err.get("Code", ""))
     status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-    detail = f"HTTP {status} {code}".strip()
+    # A HEAD request's error has no body: botocore gives the status as the code ("404").
+    detail = f"HTTP {status}" if code in ("", str(status)) else f"HTTP {status} {code}"
     if code == "NoSuchBucket":
         return ObjectNotFoundError(
             f"cannot {action} {url}: bucket {ctx.bucket!r} does not exist {ctx.where} "

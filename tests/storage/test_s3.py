@@ -417,6 +417,9 @@ def test_missing_key_and_bucket(ceph_s3: CephS3, s3_bucket: str) -> None:
             call()
     with pytest.raises(ObjectNotFoundError, match="nope"):
         store.open_reader("nope")
+    with pytest.raises(ObjectNotFoundError) as missing:
+        store.head("nope")  # a bare 404: the code botocore gives is the status
+    assert str(missing.value) == f"no object s3://{s3_bucket}/p/nope (HTTP 404)"
     gone = _store(ceph_s3, f"{s3_bucket}-missing")
     with pytest.raises(ObjectNotFoundError, match=r"bucket .* does not exist"):
         gone.get("k")
