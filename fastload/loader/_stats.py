@@ -37,8 +37,10 @@ class LoaderStats:
         of the node): ``node_cache_hits``, ``node_cache_misses``, ``node_cache_downloads``,
         ``node_cache_evictions``,
         ``node_cache_bytes_downloaded``, ``node_cache_bytes_read_through``,
-        ``node_cache_prefetched``, ``node_cache_requests`` (see
-        :meth:`fastload.storage.CachingStore.node_stats`).
+        ``node_cache_prefetched``, ``node_cache_requests``, ``node_cache_disk_full_evictions``,
+        ``node_cache_disk_full_uncached``, and what the retries below the cache had to do:
+        ``node_cache_store_retries``, ``node_cache_store_resumed_reads``,
+        ``node_cache_store_gave_up`` (see :meth:`fastload.storage.CachingStore.node_stats`).
         """
         rate = 1.0 / self.elapsed if self.elapsed > 0 else 0.0
         return {

@@ -49,6 +49,7 @@ from fastload.storage._cache_counters import COUNTER_NAMES, ProcessCounters
 from fastload.storage._cache_dir import NO_SPACE, CacheDirectory
 from fastload.storage._cache_fill import fill
 from fastload.storage._keys import ByteRange, ObjectMeta, check_range, validate_key
+from fastload.storage._retry import RetryStore
 from fastload.storage._wrapper import WrapperStore
 
 __all__ = ["CachingStore", "parse_size"]  # parse_size re-exported from fastload._units
@@ -149,9 +150,23 @@ class CachingStore(WrapperStore):
         self._prefetch_threads = prefetch_threads
         self._revalidate = revalidate
         # Threads, locks and counters do not survive a fork or a pickle: made again per process.
-        self._proc: PerProcess[_ProcessState] = PerProcess(_ProcessState)
+        self._proc: PerProcess[_ProcessState] = PerProcess(self._process_state)
         self._disk.create()
         self._disk.check_space()
+
+    def _process_state(self) -> _ProcessState:
+        """This process's state (made on first use in each process). From then on, the retry
+        counts of a :class:`~fastload.storage.RetryStore` below this cache are counted here
+        too, as ``store_<name>`` (see :meth:`stats`)."""
+        layer: Store = self._store
+        while not isinstance(layer, RetryStore) and isinstance(layer, WrapperStore):
+            layer = layer.inner
+        if isinstance(layer, RetryStore):
+            layer.add_count_listener(self._count_retry)
+        return _ProcessState()
+
+    def _count_retry(self, name: str) -> None:
+        self._count(f"store_{name}")
 
     def __repr__(self) -> str:
         return (
@@ -336,6 +351,13 @@ class CachingStore(WrapperStore):
         heads (:meth:`head` of an uncached object included), whole and ranged gets,
         ``get_ranges`` and ``open_reader`` calls; retries made below it, :meth:`list` and
         writes are not counted).
+
+        With a :class:`~fastload.storage.RetryStore` below (``open_store`` puts one under every
+        object-store cache), what it had to do, counted since this process first used the cache:
+        ``store_retries`` (attempts made after a transient failure: a reset, a response cut in
+        its headers or body, a stall past the read timeout, a 5xx), ``store_resumed_reads``
+        (broken streams reopened where they stopped) and ``store_gave_up`` (operations that
+        ended in :class:`~fastload.errors.StoreUnavailableError`): how rough the network was.
         """
         state = self._proc.get()
         with state.lock:

@@ -55,6 +55,9 @@ COUNTER_NAMES = (
     "requests",
     "disk_full_evictions",
     "disk_full_uncached",
+    "store_retries",
+    "store_resumed_reads",
+    "store_gave_up",
 )
 _SLOTS = 16  # a new counter past the sixteenth needs a new file version (.v3.cnt)
 _FILE_BYTES = 8 * _SLOTS

@@ -516,6 +516,9 @@ def test_epochs_through_faults_and_an_evicting_cache_are_exact(
     assert network["faults"] >= 3  # the runs met faults ...
     assert stats["node_cache_evictions"] > 0  # ... and an evicting cache
     assert stats["node_cache_downloads"] > len(objects) - 1
+    # The retries the faults needed, summed over the workers of the node; none gave up.
+    assert stats["node_cache_store_retries"] >= 1
+    assert stats["node_cache_store_gave_up"] == 0
     print(f"\nloader through faults: proxy {network}; loader {stats}")
 
 
