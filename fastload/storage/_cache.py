@@ -60,6 +60,8 @@ _MAX_HEADS = 4096  # remembered forwarded heads per process (least recently used
 #: An object that found no room on the cache's filesystem is read uncached, without trying to
 #: cache it again, for this long (per process): a shard read sample by sample tries once.
 NO_ROOM_RETRY_S = 30.0
+#: A process records a use of the same cached object at most this often (seconds).
+_TOUCH_EVERY_S = 1.0
 
 
 @dataclasses.dataclass
@@ -86,6 +88,10 @@ class _ProcessState:
     #: Objects that found no room on the cache's filesystem: key -> (monotonic time, the error),
     #: read uncached until :data:`NO_ROOM_RETRY_S` has passed.
     no_room: BoundedMemo[str, tuple[float, CacheFullError]] = dataclasses.field(
+        default_factory=lambda: BoundedMemo(_MAX_HEADS)
+    )
+    #: When this process last recorded a use of a cached object (path -> monotonic time).
+    touched: BoundedMemo[str, float] = dataclasses.field(
         default_factory=lambda: BoundedMemo(_MAX_HEADS)
     )
 
@@ -278,8 +284,19 @@ class CachingStore(WrapperStore):
             return path
 
     def _touch(self, path: str) -> None:
+        """Record a use of the cached object at ``path`` for the LRU order: its description's
+        modification time (:meth:`CacheDirectory._lru`). Not the object's own times: changing
+        them (its ``ctime`` moves with any ``utime``) would make every reader that keeps
+        something derived from the file (a parsed index, an open LMDB environment) see a new
+        file and parse it again at each use."""
+        now = time.monotonic()
+        touched = self._proc.get().touched
+        last = touched.get(path)
+        if last is not None and now - last < _TOUCH_EVERY_S:
+            return  # recorded less than a second ago: the LRU order needs no finer time
+        touched.put(path, now)
         with contextlib.suppress(OSError):
-            os.utime(path)  # mtime = last use, for LRU
+            os.utime(path + ".json")
 
     def _count(self, name: str, n: int = 1) -> None:
         state = self._proc.get()

@@ -422,14 +422,19 @@ class CacheDirectory:
 
     def _lru(self, *, ordered: bool = True) -> list[tuple[float, int, str]]:
         """(last use, size, path) of the cached objects, least recently used first (in no
-        particular order unless ``ordered``)."""
+        particular order unless ``ordered``). The last use is the modification time of the
+        object's description (``CachingStore._touch``), else of the object."""
         entries: list[tuple[float, int, str]] = []
         for path in self.object_files():
             try:
                 st = os.stat(path)
             except FileNotFoundError:
                 continue
-            entries.append((st.st_mtime, st.st_size, path))
+            try:
+                used = os.stat(path + ".json").st_mtime
+            except FileNotFoundError:
+                used = st.st_mtime
+            entries.append((used, st.st_size, path))
         if ordered:
             entries.sort()
         return entries

@@ -94,7 +94,7 @@ def test_lru_eviction_keeps_budget(remote: LocalStore, tmp_path: Path) -> None:
     for i in range(3):
         cache.get(f"shard-{i}.tar")
         time.sleep(0.01)
-    os.utime(cache.local_path("shard-0.tar") or "")  # shard-0 is now the most recently used
+    cache.local_path("shard-0.tar")  # a use: shard-0 is now the most recently used
     time.sleep(0.01)
     cache.get("shard-3.tar")  # needs room: evicts shard-1, the least recently used
     assert cache.cached_bytes() <= 3500
@@ -104,6 +104,21 @@ def test_lru_eviction_keeps_budget(remote: LocalStore, tmp_path: Path) -> None:
     assert cache.stats()["misses"] == before  # still cached
     cache.get("shard-1.tar")
     assert cache.stats()["misses"] == before + 1  # was evicted
+
+
+def test_a_use_leaves_the_cached_file_as_it_is(remote: LocalStore, tmp_path: Path) -> None:
+    # Readers keep what they derive from a local file (a parsed index) while its stat is the
+    # same: recording a use for the LRU order must not change it (ctime moves with any utime).
+    cache = CachingStore(remote, tmp_path / "cache", 10_000)
+    path = cache.local_path("shard-0.tar") or ""
+    before = os.stat(path)
+    time.sleep(0.02)
+    for _ in range(3):
+        assert cache.local_path("shard-0.tar") == path
+        cache.get("shard-0.tar")
+    after = os.stat(path)
+    assert (after.st_mtime_ns, after.st_ctime_ns) == (before.st_mtime_ns, before.st_ctime_ns)
+    assert os.stat(path + ".json").st_mtime_ns > before.st_mtime_ns  # the use was recorded
 
 
 def test_object_over_budget_is_read_through(remote: LocalStore, tmp_path: Path) -> None:
