@@ -11,13 +11,16 @@ counters that the converting process reads for its progress line.
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import os
 import pickle
 import signal
+import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fastload._fsutil import pid_alive
 from fastload._os import die_with_parent
@@ -36,7 +39,7 @@ from fastload.convert._state import SKIPPED_KEY, done_key, json_bytes
 from fastload.convert._token_blocks import TokenBlocks
 from fastload.convert._tokenizer import TokenizerSpec
 from fastload.convert.sources import ConversionError, Source, Unit
-from fastload.errors import InvalidArgumentError
+from fastload.errors import InvalidArgumentError, StoreError
 from fastload.formats import get_format
 from fastload.formats._base import ShardWriter
 from fastload.formats._sample import KEY
@@ -54,6 +57,9 @@ __all__ = [
     "write_samples",
     "write_shards",
 ]
+
+log = logging.getLogger("fastload.convert")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,9 @@ class Counters:
 
 
 _COUNTERS = Counters()
+#: Times a shard is written before a transient store error fails the conversion (the write of a
+#: shard cannot resume where a cut connection left it; written again, it is the same shard).
+SHARD_ATTEMPTS = 4
 #: Values of the pool's stop flag: stop after the shard being written (the first Ctrl-C, a
 #: failure), or at once, aborting it (a second Ctrl-C).
 STOP_AFTER_SHARD = 1
@@ -344,7 +353,7 @@ def write_shards(
     committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastload-commit")
     try:
         for job in jobs:
-            written = write_samples(job)
+            written = _attempts(job, functools.partial(write_samples, job))
             if on_written is not None:
                 on_written()
             if pending is not None:
@@ -353,12 +362,60 @@ def write_shards(
                 except BaseException:
                     written.writer.abort()
                     raise
-            pending = committer.submit(commit_shard, written)
+            pending = committer.submit(_commit_retrying, written)
         if pending is not None:
             records.append(pending.result())
     finally:
         _finish_commits(committer)
     return records
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether a shard that failed with ``exc`` may succeed written again: a store error that a
+    retry may cure (a connection cut mid-write, a DataNode lost from the write pipeline)."""
+    return isinstance(exc, StoreError) and exc.retryable
+
+
+def _attempts(job: ShardJob, write: Callable[[], T], first: BaseException | None = None) -> T:
+    """``write()``, called again (after a pause) while it fails on a transient store error, at
+    most :data:`SHARD_ATTEMPTS` times in all (``first``: a failure already met). A shard's bytes
+    depend only on its job, so writing it again from its units gives the same shard; an aborted
+    attempt leaves nothing visible. The last failure is raised with a note saying so."""
+    failures = 0 if first is None else 1
+    last = first
+    while True:
+        if failures:
+            if last is None or not _transient(last) or failures >= SHARD_ATTEMPTS:
+                assert last is not None
+                if failures > 1:
+                    last.add_note(
+                        f"(shard {job.shard.name} was written {failures} times; each attempt "
+                        "failed on the store)"
+                    )
+                raise last
+            log.warning(
+                "fastload convert: writing shard %s again (attempt %d of %d) after a transient "
+                "store error: %s",
+                job.dst.child_url(job.shard.name),
+                failures + 1,
+                SHARD_ATTEMPTS,
+                last,
+            )
+            time.sleep(min(8.0, 0.5 * 2 ** (failures - 1)))
+        try:
+            return write()
+        except BaseException as exc:
+            failures, last = failures + 1, exc
+
+
+def _commit_retrying(written: Written) -> dict[str, Any]:
+    """:func:`commit_shard`; on a transient store error, the shard written again from its units
+    and committed (see :func:`_attempts`)."""
+    try:
+        return commit_shard(written)
+    except BaseException as exc:
+        job = written.job
+        return _attempts(job, lambda: commit_shard(write_samples(job)), first=exc)
 
 
 def _finish_commits(committer: ThreadPoolExecutor) -> None:

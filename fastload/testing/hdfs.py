@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -42,6 +43,7 @@ from fastload.testing.ceph import _users as _live_users
 
 __all__ = [
     "INSTALL_HINT",
+    "ConnectionCutter",
     "HDFSCluster",
     "HDFSStartError",
     "acquire",
@@ -124,6 +126,81 @@ class HDFSCluster:
     def status(self) -> str:
         """The launcher's one-line status (``namenode=up datanodes=0:up,1:down ...``)."""
         return self.control("status", timeout=10.0)
+
+    def datanode_ports(self) -> list[int]:
+        """The data-transfer ports of the DataNodes (clients read and write blocks there), from
+        the run directory's ``datanodes`` file."""
+        lines = (Path(self.run_dir) / "datanodes").read_text().split("\n")
+        return [int(line.rsplit(":", 1)[1]) for line in lines if line.strip()]
+
+
+class ConnectionCutter:
+    """Cuts TCP connections to the given local ports, as a flaky network does: every ``every``
+    seconds, one port drawn with ``seed``, its established connections are destroyed by the
+    kernel (``ss -K``: both ends see a reset or an abort, mid-request or mid-transfer).
+
+    Real faults on real connections, with no proxy between the client and the server (HDFS
+    clients connect to the DataNode addresses the NameNode hands out, which a proxy cannot
+    stand in for). Needs ``ss`` (iproute2) and ``CAP_NET_ADMIN`` (root) and a kernel with
+    ``CONFIG_INET_DIAG_DESTROY``; :meth:`check` says whether this machine has them.
+    Use as a context manager; :attr:`cut` counts the connections destroyed.
+    """
+
+    def __init__(self, ports: list[int], every: float = 0.2, seed: int = 0) -> None:
+        self.ports, self.every = ports, every
+        self.cut = 0
+        self._random = random.Random(seed)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fastload-cutter", daemon=True)
+
+    @staticmethod
+    def check() -> str | None:
+        """Why connections cannot be cut here, or None when they can (a loopback connection of
+        its own is cut as a test)."""
+        if shutil.which("ss") is None:
+            return "`ss` (iproute2) is not installed"
+        with socket.socket() as server:
+            server.bind(("127.0.0.1", 0))
+            server.listen()
+            port = server.getsockname()[1]
+            with socket.create_connection(("127.0.0.1", port)) as client:
+                peer, _ = server.accept()
+                with peer:
+                    if _kill_connections(port) < 1:
+                        return (
+                            "`ss -K` destroyed no socket (it needs CAP_NET_ADMIN and a kernel "
+                            "with CONFIG_INET_DIAG_DESTROY)"
+                        )
+                    client.settimeout(2)
+                    try:
+                        data = client.recv(1)
+                    except OSError:
+                        return None
+                    return None if data == b"" else "a cut connection still delivered data"
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.cut += _kill_connections(self._random.choice(self.ports))
+
+    def __enter__(self) -> ConnectionCutter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _kill_connections(port: int) -> int:
+    """Destroy the established TCP connections to 127.0.0.1:``port``; how many were."""
+    proc = subprocess.run(
+        ["ss", "-K", "-t", "-n", "state", "established", "dst", f"127.0.0.1:{port}"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+    )
+    return sum(1 for line in proc.stdout.splitlines()[1:] if line.strip())
 
 
 def run_dir() -> Path:

@@ -11,6 +11,7 @@ error naming the URL, no hang), and the converter SIGKILLed while it writes.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
 import subprocess
@@ -29,7 +30,13 @@ from fastload.storage import RetryConfig
 from fastload.storage._hdfs import HDFSStore
 from fastload.storage._local_temp import TMP_PREFIX
 from fastload.testing import need
-from fastload.testing.hdfs import HDFSCluster, HDFSStartError, private_cluster, scratch_url
+from fastload.testing.hdfs import (
+    ConnectionCutter,
+    HDFSCluster,
+    HDFSStartError,
+    private_cluster,
+    scratch_url,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -263,6 +270,91 @@ def test_namenode_down_past_the_retry_budget_fails_clearly(
         assert f"{url}/fastload.json" in str(opened.value)
     finally:
         cluster.control("start-namenode")
+
+
+# ---- a flaky network to the DataNodes ------------------------------------------------------------
+
+
+@pytest.fixture
+def cutter_ready() -> None:
+    why = ConnectionCutter.check()
+    need("cutting TCP connections (ss -K, root)", why is None, why or "")
+
+
+def _jpeg_digest(sample: dict[str, Any]) -> tuple[str, str]:
+    return sample["__key__"], hashlib.sha256(sample["jpg"]).hexdigest()
+
+
+def _pairs(batch: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return batch
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cache", "direct"])
+def test_datanode_connections_cut_mid_epoch_deliver_every_sample_once_intact(
+    cluster: HDFSCluster,
+    datasets: dict[str, str],
+    image_folder: Path,
+    tmp_path: Path,
+    cutter_ready: None,
+    cached: bool,
+) -> None:
+    expected = {
+        f"{p.parent.name}/{p.stem}": hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in image_folder.glob("*/*.jpg")
+    }
+    ds = fastload.open_dataset(
+        datasets["webdataset"],
+        cache_dir=tmp_path / "cache" if cached else None,
+        block_size=None,  # whole shards: long transfers, cut part-way
+        window=1,
+        prefetch_shards=1,
+        transform=_jpeg_digest,
+        store_options={"retry": PATIENT},
+    )
+    loader = fastload.DataLoader(ds, batch_size=5, num_workers=2, collate_fn=_pairs)
+    with ConnectionCutter(cluster.datanode_ports(), every=0.05, seed=25) as cutter:
+        got = [pair for batch in loader for pair in batch]
+    assert cutter.cut >= 1, "no DataNode connection was cut: the test tested nothing"
+    assert len(got) == len(expected)  # every sample once ...
+    assert dict(got) == expected  # ... with its own bytes
+    stats = loader.stats()
+    if cached:
+        assert stats["node_cache_store_gave_up"] == 0
+    retried = {k: v for k, v in stats.items() if k.startswith("node_cache_store_")}
+    print(f"\n{cutter.cut} DataNode connections cut during the epoch; {retried}")
+
+
+def test_verify_through_cut_datanode_connections_calls_intact_intact(
+    cluster: HDFSCluster, datasets: dict[str, str], cutter_ready: None
+) -> None:
+    with ConnectionCutter(cluster.datanode_ports(), every=0.05, seed=26) as cutter:
+        proc = subprocess.run(
+            [*CLI, "verify", datasets["tfrecord"]], capture_output=True, text=True, timeout=300
+        )
+    assert cutter.cut >= 1, "no DataNode connection was cut: the test tested nothing"
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("OK: checked 6 shards")
+    print(f"\n{cutter.cut} DataNode connections cut during verify")
+
+
+def test_convert_through_cut_datanode_connections_writes_what_a_clean_run_writes(
+    cluster: HDFSCluster, image_folder: Path, cutter_ready: None
+) -> None:
+    args = ["--format", "tfrecord", "--shard-samples", "10", "--workers", "2", "--quiet"]
+    base = scratch_url(cluster, "cut-convert")
+    subprocess.run([*CLI, "convert", str(image_folder), f"{base}/ref", *args], check=True)
+    with ConnectionCutter(cluster.datanode_ports(), every=0.05, seed=27) as cutter:
+        proc = subprocess.run(
+            [*CLI, "convert", str(image_folder), f"{base}/ds", *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    rewrites = proc.stderr.count("again (attempt")
+    print(f"\n{cutter.cut} DataNode connections cut during the conversion; {rewrites} rewrites")
+    assert cutter.cut >= 1, "no DataNode connection was cut: the test tested nothing"
+    assert proc.returncode == 0, proc.stderr
+    assert shard_bytes(f"{base}/ds") == shard_bytes(f"{base}/ref")
 
 
 # ---- the converter killed while writing -----------------------------------------------------------
