@@ -51,13 +51,16 @@ from webdataset.pipeline import DataPipeline
 
 from fastload._units import check_int
 from fastload.errors import InvalidArgumentError, WorkerError
-from fastload.loader._cursor import STATE_VERSION, EpochCursor
-from fastload.loader._dataset import Dataset
-from fastload.loader._dist import detect_rank_world
-from fastload.loader._open import open_dataset
-from fastload.loader._partition import Partition
-from fastload.loader._seeds import check_seed
-from fastload.loader._stream import BatchStream
+from fastload.loader import (
+    STATE_VERSION,
+    BatchStream,
+    Dataset,
+    EpochCursor,
+    Partition,
+    check_seed,
+    detect_rank_world,
+    open_dataset,
+)
 
 __all__ = ["STATE_VERSION", "WebDataset", "WebLoader"]
 

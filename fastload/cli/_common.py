@@ -140,7 +140,7 @@ def registered(registry: str) -> Callable[[str], str]:
 
     def parse(text: str) -> str:
         from fastload.convert.sources import SOURCES
-        from fastload.formats._base import FORMATS
+        from fastload.formats import FORMATS
 
         reg = FORMATS if registry == "format" else SOURCES
         try:

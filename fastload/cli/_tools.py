@@ -24,7 +24,7 @@ from fastload.cli._common import (
 from fastload.cli._store_options import add_store_options, url_store_options
 from fastload.convert._progress import plural
 from fastload.errors import StoreUnavailableError, TransientStoreError
-from fastload.storage._retry import unreachable_reason
+from fastload.storage import unreachable_reason
 
 __all__ = ["add_index", "add_inspect", "add_verify"]
 

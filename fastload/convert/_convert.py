@@ -98,8 +98,16 @@ from fastload.convert.sources import (
     open_source,
 )
 from fastload.errors import InvalidArgumentError
-from fastload.formats import MANIFEST_NAME, Format, Manifest, ShardEntry, ShardInfo, get_format
-from fastload.formats._base import FORMATS, ErrorPolicy
+from fastload.formats import (
+    FORMATS,
+    MANIFEST_NAME,
+    ErrorPolicy,
+    Format,
+    Manifest,
+    ShardEntry,
+    ShardInfo,
+    get_format,
+)
 from fastload.formats.manifest import write_manifest
 from fastload.storage import MemoryStore, Store, open_store
 

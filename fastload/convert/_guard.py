@@ -21,9 +21,7 @@ from fastload.errors import (
     StorePermissionError,
 )
 from fastload.formats import MANIFEST_NAME
-from fastload.storage import LocalStore, Store
-from fastload.storage._local import remove_stale_temporaries
-from fastload.storage._wrapper import WrapperStore
+from fastload.storage import LocalStore, Store, WrapperStore, remove_stale_temporaries
 
 __all__ = ["LOCK_WAIT", "Guard", "check_not_inside"]
 

@@ -22,8 +22,7 @@ from fastload.convert._plan import ShardPlan
 from fastload.convert._progress import plural
 from fastload.convert._space import space_for
 from fastload.errors import DatasetExistsError, FastloadError, ManifestError, ObjectNotFoundError
-from fastload.formats import MANIFEST_NAME, Manifest
-from fastload.formats._names import ShardNames
+from fastload.formats import MANIFEST_NAME, Manifest, ShardNames
 from fastload.formats.manifest import read_manifest
 from fastload.storage import Store
 

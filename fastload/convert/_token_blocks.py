@@ -27,9 +27,7 @@ from fastload.convert._plan import ConversionPlan
 from fastload.convert._tokenizer import TokenizerSpec, encoder
 from fastload.convert.sources import ConversionError, Source, Unit
 from fastload.errors import InvalidArgumentError, ManifestError
-from fastload.formats import MANIFEST_NAME, ShardInfo
-from fastload.formats._base import ShardWriter
-from fastload.formats._sample import KEY
+from fastload.formats import KEY, MANIFEST_NAME, ShardInfo, ShardWriter
 from fastload.formats.tokens import DOCS_FIELD, METADATA_KEY, TOKENS_FIELD, TokenLayout
 from fastload.storage import Store
 

@@ -40,9 +40,7 @@ from fastload.convert._token_blocks import TokenBlocks
 from fastload.convert._tokenizer import TokenizerSpec
 from fastload.convert.sources import ConversionError, Source, Unit
 from fastload.errors import InvalidArgumentError, StoreError
-from fastload.formats import get_format
-from fastload.formats._base import ShardWriter
-from fastload.formats._sample import KEY
+from fastload.formats import KEY, ShardWriter, get_format
 from fastload.formats.manifest import IMAGE_EXTENSIONS
 from fastload.storage import Store
 

@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol
 
 from fastload.dali._backend import Device, require_dali
 from fastload.errors import InvalidArgumentError
-from fastload.loader._normalize import IMAGENET_MEAN, IMAGENET_STD
+from fastload.loader import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "AugmentFn", "ImageAugment", "decoder_device"]
 

@@ -14,7 +14,7 @@ from fastload._plugins import require
 from fastload.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
-    from fastload.loader._dist import Launch
+    from fastload.loader import Launch
 
 __all__ = ["Device", "dali_available", "gpu_available", "local_rank", "require_dali", "resolve"]
 

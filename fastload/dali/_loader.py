@@ -41,10 +41,8 @@ from fastload.dali._native import NativePlan, check_native, local_paths, native_
 from fastload.dali._outputs import convert_batch
 from fastload.dali._source import BatchSource, FieldSpec, resolve_dataset
 from fastload.errors import FastloadError, InvalidArgumentError, WorkerError
-from fastload.formats._base import ErrorPolicy
-from fastload.loader import Dataset, Partition, detect_launch
-from fastload.loader._cursor import EpochCursor
-from fastload.loader._seeds import pipeline_seed
+from fastload.formats import ErrorPolicy
+from fastload.loader import Dataset, EpochCursor, Partition, detect_launch, pipeline_seed
 from fastload.storage import Store
 
 __all__ = ["DALILoader"]

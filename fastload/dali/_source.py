@@ -28,9 +28,7 @@ import numpy.typing as npt
 from fastload._lazy import PerProcess
 from fastload.errors import FormatError, InvalidArgumentError, WorkerError
 from fastload.formats import decode_field
-from fastload.loader import Dataset, Partition, open_dataset
-from fastload.loader._seeds import check_seed
-from fastload.loader._shards import sample_nbytes
+from fastload.loader import Dataset, Partition, check_seed, open_dataset, sample_nbytes
 from fastload.storage import CachingStore, Store, open_store
 
 __all__ = ["META_COLUMNS", "BatchSource", "FieldSpec", "resolve_dataset"]

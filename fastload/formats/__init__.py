@@ -6,6 +6,8 @@ the bytes live, and nothing here imports torch. Each format's ``README.md`` is i
 
 from fastload.formats._base import (
     DAMAGED_SHARD_REMEDY,
+    FORMATS,
+    ErrorPolicy,
     Format,
     OnError,
     ReaderOptions,
@@ -17,7 +19,10 @@ from fastload.formats._base import (
 from fastload.formats._cache import CacheConfig, EnvBudget, IndexBudget
 from fastload.formats._cache import config as cache_config
 from fastload.formats._cache import set_config as set_cache_config
+from fastload.formats._mmap import local_file, map_file
+from fastload.formats._names import ShardNames
 from fastload.formats._sample import (
+    KEY,
     Codec,
     Sample,
     decode_field,
@@ -25,6 +30,7 @@ from fastload.formats._sample import (
     encode_field,
     encode_sample,
     register_codec,
+    validate_field_name,
 )
 from fastload.formats.manifest import (
     MANIFEST_NAME,
@@ -35,10 +41,15 @@ from fastload.formats.manifest import (
 )
 
 __all__ = [
+    "local_file",
+    "map_file",
     "DAMAGED_SHARD_REMEDY",
+    "FORMATS",
+    "KEY",
     "MANIFEST_NAME",
     "CacheConfig",
     "Codec",
+    "ErrorPolicy",
     "EnvBudget",
     "Format",
     "IndexBudget",
@@ -48,6 +59,7 @@ __all__ = [
     "Sample",
     "ShardEntry",
     "ShardInfo",
+    "ShardNames",
     "ShardReader",
     "ShardWriter",
     "cache_config",
@@ -59,5 +71,6 @@ __all__ = [
     "read_manifest",
     "register_codec",
     "set_cache_config",
+    "validate_field_name",
     "write_manifest",
 ]

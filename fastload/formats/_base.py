@@ -28,8 +28,7 @@ from typing import Any, ClassVar, Literal, TypedDict, get_args
 
 from fastload._plugins import PluginRegistry
 from fastload.errors import CorruptDataError, FormatError, InvalidArgumentError, MissingIndexError
-from fastload.storage import Store
-from fastload.storage._streams import CommitOnExit
+from fastload.storage import CommitOnExit, Store
 
 __all__ = [
     "DAMAGED_SHARD_REMEDY",

@@ -17,7 +17,7 @@ into global steps, rank batches and worker tasks is pure arithmetic (:class:`Par
 """
 
 from fastload.loader._collate import default_collate
-from fastload.loader._cursor import STATE_VERSION
+from fastload.loader._cursor import STATE_VERSION, EpochCursor
 from fastload.loader._dataset import Dataset
 from fastload.loader._dist import Launch, detect_launch, detect_rank_world
 from fastload.loader._loader import DataLoader
@@ -25,17 +25,26 @@ from fastload.loader._mix import mix
 from fastload.loader._mix_samples import MixedDataset
 from fastload.loader._mix_schedule import MixRoundingWarning
 from fastload.loader._mix_tokens import MixedTokens
+from fastload.loader._normalize import IMAGENET_MEAN, IMAGENET_STD
 from fastload.loader._open import open_dataset
 from fastload.loader._order import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW, EpochOrder
 from fastload.loader._packed import PackedBytes, pack_bytes
 from fastload.loader._partition import Partition
+from fastload.loader._seeds import check_seed, pipeline_seed
 from fastload.loader._select import ToTuple, to_tuple
+from fastload.loader._shards import sample_nbytes
 from fastload.loader._stream import BatchMeta, BatchStream
 from fastload.loader._token_source import TokenBatch, TokenSource, WideningTokenSource
 from fastload.loader._tokens import TokenDataset, open_tokens
 from fastload.loader._tokens_loader import TokenLoader
 
 __all__ = [
+    "EpochCursor",
+    "check_seed",
+    "pipeline_seed",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "sample_nbytes",
     "DEFAULT_BLOCK_SIZE",
     "DEFAULT_WINDOW",
     "STATE_VERSION",

@@ -13,8 +13,7 @@ from fastload.loader._order import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW
 from fastload.loader._select import Transform
 from fastload.loader._shards import DEFAULT_PREFETCH_SHARDS
 from fastload.loader._wds import is_shard_pattern, open_shard_urls
-from fastload.storage import CachingStore, Store, open_store, wrap_store
-from fastload.storage._registry import DEFAULT_CACHE_SIZE
+from fastload.storage import DEFAULT_CACHE_SIZE, CachingStore, Store, open_store, wrap_store
 
 __all__ = ["open_dataset"]
 

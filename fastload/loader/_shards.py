@@ -27,8 +27,7 @@ from fastload.errors import (
     MissingDependencyError,
     UnsafeDataError,
 )
-from fastload.formats import DAMAGED_SHARD_REMEDY, Format, OnError, get_format
-from fastload.formats._base import ErrorPolicy
+from fastload.formats import DAMAGED_SHARD_REMEDY, ErrorPolicy, Format, OnError, get_format
 from fastload.formats.manifest import Manifest
 from fastload.loader._order import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW, ORDER_VERSION, EpochOrder
 from fastload.loader._readers import ReaderCache, ReaderSlot, close_quietly, default_capacity

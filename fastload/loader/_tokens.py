@@ -56,8 +56,7 @@ from fastload.loader._order import ORDER_VERSION, EpochOrder
 from fastload.loader._seeds import TAG_SEQUENCES, check_seed
 from fastload.loader._token_source import TokenBatch
 from fastload.loader._tokens_blocks import TokenBlocks
-from fastload.storage import Store
-from fastload.storage._registry import DEFAULT_CACHE_SIZE
+from fastload.storage import DEFAULT_CACHE_SIZE, Store
 
 __all__ = ["DEFAULT_SEQ_WINDOW", "TokenDataset", "open_tokens"]
 

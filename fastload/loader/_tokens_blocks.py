@@ -45,8 +45,7 @@ from fastload._lazy import PerProcess
 from fastload._memo import BoundedMemo
 from fastload._units import check_int
 from fastload.errors import CorruptDataError
-from fastload.formats import DAMAGED_SHARD_REMEDY
-from fastload.formats._mmap import local_file, map_file
+from fastload.formats import DAMAGED_SHARD_REMEDY, local_file, map_file
 from fastload.formats.tokens import DOCS_FIELD, TOKENS_FIELD, TokenLayout
 from fastload.loader._dataset import Dataset
 

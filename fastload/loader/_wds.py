@@ -18,14 +18,21 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fastload.errors import FormatError, InvalidArgumentError, ObjectNotFoundError
-from fastload.formats import Manifest, ShardEntry, get_format
-from fastload.formats._names import ShardNames
+from fastload.formats import Manifest, ShardEntry, ShardNames, get_format
 from fastload.formats.webdataset import build_index, parse_index
 from fastload.formats.webdataset._compressed import HEAD_BYTES, compressed_name, compression_of
 from fastload.loader._dataset import Dataset
-from fastload.storage import ByteRange, ObjectMeta, Store, WrapperStore, open_store, wrap_store
-from fastload.storage._base import DEFAULT_READ_CHUNK, check_range
-from fastload.storage._registry import DEFAULT_CACHE_SIZE
+from fastload.storage import (
+    DEFAULT_CACHE_SIZE,
+    DEFAULT_READ_CHUNK,
+    ByteRange,
+    ObjectMeta,
+    Store,
+    WrapperStore,
+    check_range,
+    open_store,
+    wrap_store,
+)
 
 __all__ = [
     "UNKNOWN_SHA256",

@@ -79,7 +79,7 @@ from fastload.errors import (
     MissingDependencyError,
     UnsafeDataError,
 )
-from fastload.formats._sample import Sample, decode_sample
+from fastload.formats import Sample, decode_sample
 from fastload.formats.manifest import IMAGE_EXTENSIONS
 from fastload.loader._sample_rng import rng_for
 

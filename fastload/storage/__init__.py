@@ -6,17 +6,39 @@ wrappers: retries (:class:`RetryStore`, on by default for network stores), a con
 same wrappers around a store you already have. Backends never know about shard formats.
 """
 
-from fastload.storage._base import ByteRange, ObjectMeta, ObjectWriter, Store, validate_key
+from fastload.storage._base import (
+    DEFAULT_READ_CHUNK,
+    ByteRange,
+    ObjectMeta,
+    ObjectWriter,
+    Store,
+    check_range,
+    validate_key,
+)
 from fastload.storage._cache import CachingStore, parse_size
 from fastload.storage._cache_dir import CacheSpaceWarning
 from fastload.storage._limit import LimitStore
-from fastload.storage._local import LocalStore
+from fastload.storage._local import LocalStore, make_scratch_dir, remove_stale_temporaries
 from fastload.storage._memory import MemoryStore
-from fastload.storage._registry import known_schemes, open_store, register_store, wrap_store
-from fastload.storage._retry import RetryConfig, RetryStore
+from fastload.storage._registry import (
+    DEFAULT_CACHE_SIZE,
+    known_schemes,
+    open_store,
+    register_store,
+    wrap_store,
+)
+from fastload.storage._retry import RetryConfig, RetryStore, unreachable_reason
+from fastload.storage._streams import CommitOnExit
 from fastload.storage._wrapper import WrapperStore
 
 __all__ = [
+    "DEFAULT_CACHE_SIZE",
+    "DEFAULT_READ_CHUNK",
+    "check_range",
+    "CommitOnExit",
+    "make_scratch_dir",
+    "remove_stale_temporaries",
+    "unreachable_reason",
     "ByteRange",
     "CacheSpaceWarning",
     "CachingStore",

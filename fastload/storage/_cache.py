@@ -30,24 +30,22 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import dataclasses
 import hashlib
 import io
 import os
-import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
 from fastload._lazy import PerProcess
-from fastload._memo import BoundedMemo
 from fastload._units import parse_size
 from fastload.errors import CacheFullError, InvalidArgumentError, ObjectNotFoundError, StoreError
 from fastload.storage._base import DEFAULT_COALESCE_BYTES, DEFAULT_READ_CHUNK, ObjectWriter, Store
-from fastload.storage._cache_counters import COUNTER_NAMES, ProcessCounters
+from fastload.storage._cache_counters import ProcessCounters
 from fastload.storage._cache_dir import NO_SPACE, CacheDirectory
 from fastload.storage._cache_fill import fill
+from fastload.storage._cache_state import ProcessState
 from fastload.storage._keys import ByteRange, ObjectMeta, check_range, validate_key
 from fastload.storage._retry import RetryStore
 from fastload.storage._wrapper import WrapperStore
@@ -56,44 +54,11 @@ __all__ = ["CachingStore", "parse_size"]  # parse_size re-exported from fastload
 
 #: A fill reuses the answer of a head of the same object forwarded this long ago at most.
 HEAD_REUSE_S = 10.0
-_MAX_HEADS = 4096  # remembered forwarded heads per process (least recently used out beyond)
 #: An object that found no room on the cache's filesystem is read uncached, without trying to
 #: cache it again, for this long (per process): a shard read sample by sample tries once.
 NO_ROOM_RETRY_S = 30.0
 #: A process records a use of the same cached object at most this often (seconds).
 _TOUCH_EVERY_S = 1.0
-
-
-@dataclasses.dataclass
-class _ProcessState:
-    """What one process of a :class:`CachingStore` keeps: prefetch threads and counters."""
-
-    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
-    pool: ThreadPoolExecutor | None = None
-    pending: dict[str, Future[None]] = dataclasses.field(default_factory=dict)
-    #: Keys whose cached copy this process has compared with the remote (``revalidate``).
-    validated: set[str] = dataclasses.field(default_factory=set)
-    #: Heads of uncached objects this process forwarded (key -> (monotonic time, answer)): the
-    #: fill that usually follows (a shard reader asks for the size, then reads) reuses the answer
-    #: instead of asking again.
-    heads: BoundedMemo[str, tuple[float, ObjectMeta]] = dataclasses.field(
-        default_factory=lambda: BoundedMemo(_MAX_HEADS)
-    )
-    counters: dict[str, int] = dataclasses.field(
-        default_factory=lambda: dict.fromkeys(COUNTER_NAMES, 0)
-    )
-    #: This process's counter file in the cache directory (the node's counts), made on first use;
-    #: False when it could not be made.
-    shared: ProcessCounters | bool | None = None
-    #: Objects that found no room on the cache's filesystem: key -> (monotonic time, the error),
-    #: read uncached until :data:`NO_ROOM_RETRY_S` has passed.
-    no_room: BoundedMemo[str, tuple[float, CacheFullError]] = dataclasses.field(
-        default_factory=lambda: BoundedMemo(_MAX_HEADS)
-    )
-    #: When this process last recorded a use of a cached object (path -> monotonic time).
-    touched: BoundedMemo[str, float] = dataclasses.field(
-        default_factory=lambda: BoundedMemo(_MAX_HEADS)
-    )
 
 
 class _CacheWriter(ObjectWriter):
@@ -156,11 +121,11 @@ class CachingStore(WrapperStore):
         self._prefetch_threads = prefetch_threads
         self._revalidate = revalidate
         # Threads, locks and counters do not survive a fork or a pickle: made again per process.
-        self._proc: PerProcess[_ProcessState] = PerProcess(self._process_state)
+        self._proc: PerProcess[ProcessState] = PerProcess(self._process_state)
         self._disk.create()
         self._disk.check_space()
 
-    def _process_state(self) -> _ProcessState:
+    def _process_state(self) -> ProcessState:
         """This process's state (made on first use in each process). From then on, the retry
         counts of a :class:`~fastload.storage.RetryStore` below this cache are counted here
         too, as ``store_<name>`` (see :meth:`stats`)."""
@@ -169,7 +134,7 @@ class CachingStore(WrapperStore):
             layer = layer.inner
         if isinstance(layer, RetryStore):
             layer.add_count_listener(self._count_retry)
-        return _ProcessState()
+        return ProcessState()
 
     def _count_retry(self, name: str) -> None:
         self._count(f"store_{name}")
@@ -284,11 +249,9 @@ class CachingStore(WrapperStore):
             return path
 
     def _touch(self, path: str) -> None:
-        """Record a use of the cached object at ``path`` for the LRU order: its description's
-        modification time (:meth:`CacheDirectory._lru`). Not the object's own times: changing
-        them (its ``ctime`` moves with any ``utime``) would make every reader that keeps
-        something derived from the file (a parsed index, an open LMDB environment) see a new
-        file and parse it again at each use."""
+        """Record a use of the cached object at ``path`` for the LRU order, on its description
+        (:meth:`CacheDirectory._lru`): a ``utime`` of the object itself moves its ``ctime``, and
+        readers that keep what they derive from it (a parsed index) would parse it again."""
         now = time.monotonic()
         touched = self._proc.get().touched
         last = touched.get(path)

@@ -26,8 +26,7 @@ from fastload.convert.sources._shards import ShardSource
 from fastload.convert.sources._tables import CsvSource, ParquetSource
 from fastload.convert.sources._tree import walk_tree
 from fastload.errors import InvalidArgumentError, MissingDependencyError, ObjectNotFoundError
-from fastload.formats._base import FORMATS
-from fastload.formats._names import ShardNames
+from fastload.formats import FORMATS, ShardNames
 from fastload.formats.manifest import MANIFEST_NAME
 from fastload.storage import ObjectMeta, Store, open_store
 

@@ -18,7 +18,7 @@ from fastload.convert.sources._base import (
     sanitize_key,
 )
 from fastload.errors import FastloadError, InvalidArgumentError
-from fastload.formats._sample import KEY, validate_field_name
+from fastload.formats import KEY, validate_field_name
 from fastload.formats.manifest import IMAGE_EXTENSIONS
 
 __all__ = ["FileTreeSource", "ImageFolderSource"]

@@ -23,7 +23,7 @@ from fastload.convert.sources._base import (
     sanitize_key,
 )
 from fastload.errors import CorruptDataError, FastloadError
-from fastload.formats._sample import KEY
+from fastload.formats import KEY
 from fastload.storage import Store
 
 __all__ = ["JsonlSource", "RecordSource", "TextSource", "record_key", "record_sample"]

@@ -8,9 +8,7 @@ from typing import Any
 from fastload.convert.sources._base import PlanReporter, Unit
 from fastload.convert.sources._records import RecordSource
 from fastload.errors import FastloadError, FormatError, InvalidArgumentError
-from fastload.formats._base import ErrorPolicy
-from fastload.formats._names import ShardNames
-from fastload.formats._sample import KEY
+from fastload.formats import KEY, ErrorPolicy, ShardNames
 from fastload.formats.manifest import MANIFEST_NAME, read_manifest
 from fastload.storage import Store
 

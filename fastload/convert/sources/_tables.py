@@ -8,7 +8,7 @@ from typing import Any
 from fastload.convert.sources._base import PlanReporter, Unit, sanitize_field_name
 from fastload.convert.sources._records import RecordSource, record_key, record_sample
 from fastload.errors import CorruptDataError, FastloadError, MissingDependencyError
-from fastload.formats._sample import KEY
+from fastload.formats import KEY
 
 __all__ = ["CsvSource", "ParquetSource"]
 

@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from fastload.formats._mmap import local_file
+from fastload.formats import local_file
 from fastload.storage import Store, open_store
 
 __all__ = ["Grouping", "Progress", "count_fields", "open_dataset_store", "sha256_of"]

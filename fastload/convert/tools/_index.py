@@ -27,16 +27,16 @@ from fastload.errors import (
     ObjectNotFoundError,
 )
 from fastload.formats import (
+    FORMATS,
     MANIFEST_NAME,
     Format,
     Manifest,
     ShardEntry,
+    ShardNames,
     get_format,
     read_manifest,
     write_manifest,
 )
-from fastload.formats._base import FORMATS
-from fastload.formats._names import ShardNames
 from fastload.formats.manifest import why_empty
 from fastload.storage import Store
 

@@ -20,8 +20,7 @@ from fastload.errors import (
     StoreError,
     StoreUnavailableError,
 )
-from fastload.formats import Format, ShardEntry, get_format
-from fastload.formats._base import DAMAGED_SHARD_REMEDY, ShardReader
+from fastload.formats import DAMAGED_SHARD_REMEDY, Format, ShardEntry, ShardReader, get_format
 from fastload.storage import Store
 
 __all__ = ["ShardCheck", "check_shards", "store_failure"]

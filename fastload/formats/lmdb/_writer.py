@@ -27,8 +27,13 @@ from fastload.formats.lmdb._layout import (
     value_parts,
 )
 from fastload.formats.lmdb._sizing import PageCount
-from fastload.storage import LocalStore, Store, validate_key
-from fastload.storage._local import make_scratch_dir, remove_stale_temporaries
+from fastload.storage import (
+    LocalStore,
+    Store,
+    make_scratch_dir,
+    remove_stale_temporaries,
+    validate_key,
+)
 
 __all__ = ["LMDBWriter", "remove_stale_scratch"]
 
