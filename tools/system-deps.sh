@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the test suite needs (a local Ceph cluster: mon, OSD, radosgw; a C
 # compiler and libjpeg-turbo's headers for fastload's native JPEG region decoder, setup.py; Open
-# MPI's mpirun and a one-node SLURM cluster (tools/slurm-up.sh) for tests/e2e/test_launchers.py),
-# if they are missing. Needs root or sudo. Idempotent: does nothing when everything is there.
+# MPI's mpirun and a one-node SLURM cluster (tools/slurm-up.sh) for tests/e2e/test_launchers.py;
+# iproute2's `ss`, which cuts DataNode connections in tests/e2e/test_hdfs.py), if they are missing. Needs root or sudo. Idempotent: does nothing when everything is there.
 set -euo pipefail
 PKGS=(ceph-mon ceph-osd radosgw ceph-common uuid-runtime gcc libc6-dev libjpeg62-turbo-dev
-  openmpi-bin slurmctld slurmd slurm-client munge)
+  openmpi-bin slurmctld slurmd slurm-client munge iproute2)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
