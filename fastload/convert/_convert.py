@@ -109,7 +109,7 @@ from fastload.formats import (
     get_format,
 )
 from fastload.formats.manifest import write_manifest
-from fastload.storage import MemoryStore, Store, open_store
+from fastload.storage import Store, open_store
 
 __all__ = ["convert"]
 
@@ -276,8 +276,8 @@ def convert(
             engine.remote  # which refuses memory:// stores
             or (
                 n_workers > 1
-                and not isinstance(dst_store, MemoryStore)
-                and not isinstance(source.store, MemoryStore)
+                and dst_store.shared_across_processes
+                and source.store.shared_across_processes
             )
         )
         if use_pool and engine.remote:

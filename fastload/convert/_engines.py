@@ -24,7 +24,7 @@ from fastload.convert._pool import Executor, ShardRecords
 from fastload.convert._state import PLAN_KEY
 from fastload.convert._worker import Counters, ShardJob
 from fastload.errors import InvalidArgumentError, MissingDependencyError
-from fastload.storage import MemoryStore, Store
+from fastload.storage import Store
 
 __all__ = [
     "ENGINES",
@@ -72,10 +72,10 @@ class Engine:
         if self.target is None:
             raise InvalidArgumentError(f"executor {self.name!r} is not a cluster engine")
         for store in (source, dst):
-            if isinstance(store, MemoryStore):
+            if not store.shared_across_processes:
                 raise InvalidArgumentError(
                     f"executor={self.name!r} (--executor {self.name}) cannot use {store.url}: "
-                    f"a memory:// store lives in the converting process, out of the "
+                    f"it lives in the converting process (a memory:// store), out of the "
                     f"{self.name} tasks' reach; use a directory or an object store, or the "
                     "local executor"
                 )

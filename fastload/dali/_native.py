@@ -36,7 +36,6 @@ from fastload.dali._source import FieldSpec
 from fastload.errors import CorruptDataError, InvalidArgumentError
 from fastload.formats import DAMAGED_SHARD_REMEDY
 from fastload.loader import Dataset
-from fastload.storage import CachingStore
 
 __all__ = ["NativePlan", "check_native", "check_shard", "local_paths", "native_reader"]
 
@@ -154,7 +153,7 @@ def check_native(dataset: Dataset) -> None:
                 f"DALI's TFRecord reader reads uncompressed shards only; {ds.shard_url(shard)} "
                 "is compressed: use reader='external'"
             )
-    if not ds.store.has_local_paths and not isinstance(ds.store, CachingStore):
+    if not ds.store.has_local_paths:  # a cache's files are local
         raise InvalidArgumentError(
             f"reader='native' needs local files, but {ds.url} is remote: pass cache_dir= "
             "(shards are downloaded into it) or use reader='external'"

@@ -83,7 +83,7 @@ def resolve_dataset(
 
 def _cached(store: Store, cache_dir: str | os.PathLike[str], cache_bytes: int | str) -> Store:
     """``store`` behind a disk cache, unless its objects are local files already."""
-    if store.has_local_paths or isinstance(store, CachingStore):
+    if store.has_local_paths:  # a cache's files included
         return store
     return CachingStore(store, cache_dir, cache_bytes)
 

@@ -13,7 +13,7 @@ from fastload.loader._order import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW
 from fastload.loader._select import Transform
 from fastload.loader._shards import DEFAULT_PREFETCH_SHARDS
 from fastload.loader._wds import is_shard_pattern, open_shard_urls
-from fastload.storage import DEFAULT_CACHE_SIZE, CachingStore, Store, open_store, wrap_store
+from fastload.storage import DEFAULT_CACHE_SIZE, Store, open_store, wrap_store
 
 __all__ = ["open_dataset"]
 
@@ -137,7 +137,7 @@ def open_dataset(
                 )
         store = open_store(url, cache_dir=cache_dir, cache_size=cache_size, **options)
     # The manifest decides what the shards are: read it from the store, never from a cache.
-    source = store.inner if isinstance(store, CachingStore) else store
+    source = store.uncached
     manifest = read_manifest(source, "")
     manifest.resolve_format(url=source.child_url(MANIFEST_NAME))  # fail early, naming the manifest
     return Dataset(store, manifest, **options_of_dataset)

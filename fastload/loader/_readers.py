@@ -29,7 +29,7 @@ from typing import Any
 
 from fastload._lazy import PerProcess
 from fastload.formats import ShardReader
-from fastload.storage import CachingStore, Store
+from fastload.storage import Store
 
 __all__ = ["DEFAULT_OPEN_SHARDS", "ReaderCache", "ReaderSlot", "close_quietly", "default_capacity"]
 
@@ -51,7 +51,7 @@ def default_capacity(store: Store, shards: int) -> int:
     stores: 16 (:data:`DEFAULT_OPEN_SHARDS`): remote readers hold connections, and a cache's
     files must not be held open long after it evicts them.
     """
-    if not store.has_local_paths or isinstance(store, CachingStore):
+    if not store.has_local_paths or store.evicts_local_files:
         return DEFAULT_OPEN_SHARDS
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     limit = MAX_AUTO_OPEN_SHARDS if soft == resource.RLIM_INFINITY else soft // 8

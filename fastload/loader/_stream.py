@@ -67,7 +67,6 @@ from fastload.loader._reads import (
 from fastload.loader._seeds import RNG_SEED_KEY, check_seed, seed_global_rngs
 from fastload.loader._shards import NOT_DATA_ERRORS, ShardedDataset, sample_nbytes
 from fastload.loader._shm_pool import BufferPool, set_buffer_pool
-from fastload.storage import CachingStore
 
 __all__ = [
     "DEFAULT_IO_THREADS",
@@ -345,7 +344,7 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
         finally:
             for _, batch_reads in pending:
                 BatchReads.cancel(batch_reads)
-            if any(isinstance(store, CachingStore) for store in self.dataset.stores):
+            if any(store.evicts_local_files for store in self.dataset.stores):
                 # An open reader maps its shard: an evicted shard's disk space stays taken, and
                 # reads keep bypassing the cache, for as long as the reader lives (persistent
                 # workers: forever). The next epoch reopens what it reads through the cache.

@@ -107,6 +107,19 @@ class Store(ABC):
         return False
 
     @property
+    def evicts_local_files(self) -> bool:
+        """The local files :meth:`local_path` hands out are copies the store may evict and
+        replace at any time (a cache): a reader must not hold one open for long, nor keep an
+        idle handle to it."""
+        return False
+
+    @property
+    def uncached(self) -> Store:
+        """The store without a local cache in front: what to read when the answer must come
+        from the source itself (a dataset's manifest). The store itself unless it is a cache."""
+        return self
+
+    @property
     def shared_across_processes(self) -> bool:
         """A copy of the store in another process (pickled, or opened from the same URL) sees
         the same objects, including those written after the copy was made. False for

@@ -45,7 +45,7 @@ from fastload.storage._base import DEFAULT_COALESCE_BYTES, DEFAULT_READ_CHUNK, O
 from fastload.storage._cache_counters import ProcessCounters
 from fastload.storage._cache_dir import NO_SPACE, CacheDirectory
 from fastload.storage._cache_fill import fill
-from fastload.storage._cache_state import ProcessState
+from fastload.storage._cache_state import CacheWriter, ProcessState
 from fastload.storage._keys import ByteRange, ObjectMeta, check_range, validate_key
 from fastload.storage._retry import RetryStore
 from fastload.storage._wrapper import WrapperStore
@@ -59,24 +59,6 @@ HEAD_REUSE_S = 10.0
 NO_ROOM_RETRY_S = 30.0
 #: A process records a use of the same cached object at most this often (seconds).
 _TOUCH_EVERY_S = 1.0
-
-
-class _CacheWriter(ObjectWriter):
-    """Forwards to the wrapped store's writer and drops the cached copy on commit."""
-
-    def __init__(self, cache: CachingStore, key: str, inner: ObjectWriter) -> None:
-        super().__init__()
-        self._cache, self._key, self._inner = cache, key, inner
-
-    def _write(self, data: memoryview) -> None:
-        self._inner.write(data)
-
-    def _commit(self) -> None:
-        self._inner.commit()
-        self._cache.invalidate(self._key)
-
-    def _abort(self) -> None:
-        self._inner.abort()
 
 
 class CachingStore(WrapperStore):
@@ -151,6 +133,11 @@ class CachingStore(WrapperStore):
         return self._disk.path
 
     has_local_paths = True
+    evicts_local_files = True
+
+    @property
+    def uncached(self) -> Store:
+        return self._store.uncached
 
     def _entry(self, key: str) -> str:
         """The cache entry name of ``key``: unique across the stores sharing the directory."""
@@ -443,7 +430,7 @@ class CachingStore(WrapperStore):
         self.invalidate(key)
 
     def open_writer(self, key: str) -> ObjectWriter:
-        return _CacheWriter(self, key, self._store.open_writer(key))
+        return CacheWriter(self, key, self._store.open_writer(key))
 
     def delete(self, key: str) -> None:
         try:

@@ -1,17 +1,20 @@
-"""What one process of a :class:`~fastload.storage.CachingStore` keeps: :class:`ProcessState`."""
+"""Parts of a :class:`~fastload.storage.CachingStore`: what one process of it keeps
+(:class:`ProcessState`) and its writer (:class:`CacheWriter`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from fastload._memo import BoundedMemo
 from fastload.errors import CacheFullError
 from fastload.storage._cache_counters import COUNTER_NAMES, ProcessCounters
 from fastload.storage._keys import ObjectMeta
+from fastload.storage._streams import ObjectWriter
 
-__all__ = ["ProcessState"]
+__all__ = ["CacheWriter", "ProcessState"]
 
 _MAX_HEADS = 4096  # remembered forwarded heads (and the like) per process, least recent out beyond
 
@@ -48,3 +51,22 @@ class ProcessState:
     touched: BoundedMemo[str, float] = dataclasses.field(
         default_factory=lambda: BoundedMemo(_MAX_HEADS)
     )
+
+
+class CacheWriter(ObjectWriter):
+    """A :class:`~fastload.storage.CachingStore`'s writer: forwards to the wrapped store's writer
+    and drops the cached copy on commit."""
+
+    def __init__(self, cache: Any, key: str, inner: ObjectWriter) -> None:
+        super().__init__()
+        self._cache, self._key, self._inner = cache, key, inner
+
+    def _write(self, data: memoryview) -> None:
+        self._inner.write(data)
+
+    def _commit(self) -> None:
+        self._inner.commit()
+        self._cache.invalidate(self._key)
+
+    def _abort(self) -> None:
+        self._inner.abort()

@@ -74,6 +74,10 @@ class WrapperStore(Store):
         return self._store.has_local_paths
 
     @property
+    def evicts_local_files(self) -> bool:
+        return self._store.evicts_local_files
+
+    @property
     def shared_across_processes(self) -> bool:
         return self._store.shared_across_processes
 

@@ -513,5 +513,7 @@ class ExecutorTests:
             result = self.convert(str(src), f"memory://local-{uuid.uuid4().hex}", quiet=True)
             assert result.num_samples == 10
             return
-        with pytest.raises(InvalidArgumentError, match="memory:// store lives in the converting"):
+        with pytest.raises(
+            InvalidArgumentError, match="lives in the converting process \\(a memory:// store\\)"
+        ):
             self.convert(str(src), "memory://cluster-out", quiet=True)

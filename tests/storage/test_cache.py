@@ -21,7 +21,7 @@ from fastload.errors import (
     StoreError,
     TransientStoreError,
 )
-from fastload.storage import ByteRange, LocalStore, ObjectMeta, Store
+from fastload.storage import ByteRange, LocalStore, ObjectMeta, RetryStore, Store
 from fastload.storage._base import DEFAULT_READ_CHUNK
 from fastload.storage._cache import CachingStore, parse_size
 from fastload.storage._streams import reader_version
@@ -484,3 +484,17 @@ def test_head_of_a_cached_object_is_answered_locally(remote: LocalStore, tmp_pat
     before = inner.heads
     checking.head("shard-2.tar")
     assert inner.heads == before + 1  # revalidate: always the store's answer
+
+
+def test_a_cache_says_its_files_are_evictable_and_gives_its_source(
+    remote: LocalStore, tmp_path: Path
+) -> None:
+    cache = CachingStore(remote, tmp_path / "cache", 10_000)
+    assert cache.evicts_local_files
+    assert cache.has_local_paths
+    assert cache.uncached is remote
+    assert not remote.evicts_local_files
+    assert remote.uncached is remote
+    retried = RetryStore(remote)  # a wrapper that caches nothing: both answers are its own
+    assert not retried.evicts_local_files
+    assert retried.uncached is retried

@@ -30,7 +30,7 @@ from fastload.formats.lmdb._layout import (
 from fastload.formats.lmdb._opened import OpenedFile, check_file
 from fastload.formats.lmdb._pagemap import GOOD
 from fastload.formats.lmdb._pages import P_INVALID, FileBytes, PageError
-from fastload.storage import CachingStore, Store
+from fastload.storage import Store
 
 __all__ = ["LMDBReader"]
 
@@ -176,7 +176,7 @@ class LMDBReader(ShardReader):
                     self._entry = entry
                     # No idle environment of a file that goes away (a downloaded copy, a
                     # cache's file: an idle environment would keep an evicted file's space).
-                    keep = self._download is None and not isinstance(self.store, CachingStore)
+                    keep = self._download is None and not self.store.evicts_local_files
                     self._release = weakref.finalize(
                         self,  # type: ignore[arg-type]
                         release,
