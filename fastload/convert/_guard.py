@@ -21,7 +21,7 @@ from fastload.errors import (
     StorePermissionError,
 )
 from fastload.formats import MANIFEST_NAME
-from fastload.storage import LocalStore, Store, WrapperStore, remove_stale_temporaries
+from fastload.storage import Store, remove_stale_temporaries
 
 __all__ = ["LOCK_WAIT", "Guard", "check_not_inside"]
 
@@ -31,12 +31,6 @@ _LOCK_NAME = ".fastload-tmp-convert.lock"
 #: Seconds a new run waits for the lock, long enough for the processes of a run killed a moment
 #: ago to be gone.
 LOCK_WAIT = 2.0
-
-
-def _innermost(store: Store) -> Store:
-    while isinstance(store, WrapperStore):
-        store = store.inner
-    return store
 
 
 class Guard:
@@ -66,8 +60,9 @@ class Guard:
     def __init__(self, store: Store, format_name: str) -> None:
         self.store = store
         self.format_name = format_name
-        inner = _innermost(store)
-        self.local = inner if isinstance(inner, LocalStore) and inner.supports_writes else None
+        source = store.uncached
+        #: The destination's local directory, if it is one (and writable).
+        self.local_root = source.local_root if source.supports_writes else None
         self._fd: int | None = None
         self._path = ""
 
@@ -77,8 +72,8 @@ class Guard:
 
     def acquire(self) -> None:
         """Take the destination and remove what dead runs left (see the class docstring)."""
-        if self.local is not None:
-            self._lock(self.local.root)
+        if self.local_root is not None:
+            self._lock(self.local_root)
             self._sweep()
         elif self.format_name == "lmdb":
             from fastload.formats.lmdb._writer import remove_stale_scratch
@@ -137,13 +132,13 @@ class Guard:
         )
 
     def _sweep(self) -> None:
-        if self.local is not None:
-            for directory in self._dirs(self.local.root):
+        if self.local_root is not None:
+            for directory in self._dirs(self.local_root):
                 remove_stale_temporaries(directory)
 
     def abort_uploads(self, prefix: str) -> None:
         """Abort the unfinished uploads of the dataset's keys, on stores that keep them."""
-        if self.local is not None:
+        if self.local_root is not None:
             return
         for key_prefix in (f"{prefix}-", STATE_PREFIX, MANIFEST_NAME, SKIPPED_KEY):
             self.store.abort_incomplete_writes(key_prefix)
@@ -151,7 +146,7 @@ class Guard:
     def release(self) -> None:
         """Remove dead writers' files, the lock file and the empty state directory; unlock."""
         fd = self._fd
-        if fd is None or self.local is None:
+        if fd is None or self.local_root is None:
             return
         self._fd = None
         try:
@@ -162,7 +157,7 @@ class Guard:
                     os.unlink(self._path)  # while locked; a waiting run then makes a new one
             except OSError:
                 pass
-            for directory in reversed(self._dirs(self.local.root)[1:]):
+            for directory in reversed(self._dirs(self.local_root)[1:]):
                 try:
                     os.rmdir(directory)
                 except OSError:

@@ -107,6 +107,13 @@ class Store(ABC):
         return False
 
     @property
+    def local_root(self) -> str | None:
+        """The local directory whose plain files are this store's objects (key ``a/b`` at
+        ``<root>/a/b``), where the caller may lock, rename into and walk; ``None`` for every
+        other store (a cache's files are its entries, not keys under a root)."""
+        return None
+
+    @property
     def evicts_local_files(self) -> bool:
         """The local files :meth:`local_path` hands out are copies the store may evict and
         replace at any time (a cache): a reader must not hold one open for long, nor keep an

@@ -134,6 +134,7 @@ class CachingStore(WrapperStore):
 
     has_local_paths = True
     evicts_local_files = True
+    local_root = None  # its files are cache entries, not the wrapped store's keys
 
     @property
     def uncached(self) -> Store:

@@ -173,6 +173,10 @@ class LocalStore(Store):
         """Absolute path of the root directory."""
         return self._root
 
+    @property
+    def local_root(self) -> str:
+        return self.root
+
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (self._root, self._read_only, self._fsync))
 

@@ -74,6 +74,10 @@ class WrapperStore(Store):
         return self._store.has_local_paths
 
     @property
+    def local_root(self) -> str | None:
+        return self._store.local_root
+
+    @property
     def evicts_local_files(self) -> bool:
         return self._store.evicts_local_files
 

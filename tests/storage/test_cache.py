@@ -486,7 +486,7 @@ def test_head_of_a_cached_object_is_answered_locally(remote: LocalStore, tmp_pat
     assert inner.heads == before + 1  # revalidate: always the store's answer
 
 
-def test_a_cache_says_its_files_are_evictable_and_gives_its_source(
+def test_capabilities_of_a_cache_a_local_store_and_a_wrapper(
     remote: LocalStore, tmp_path: Path
 ) -> None:
     cache = CachingStore(remote, tmp_path / "cache", 10_000)
@@ -498,3 +498,9 @@ def test_a_cache_says_its_files_are_evictable_and_gives_its_source(
     retried = RetryStore(remote)  # a wrapper that caches nothing: both answers are its own
     assert not retried.evicts_local_files
     assert retried.uncached is retried
+    # Where the objects are plain files under one directory: the local store's root, through
+    # wrappers; never a cache's (its files are entries, not keys under a root).
+    assert remote.local_root == remote.root
+    assert retried.local_root == remote.root
+    assert cache.local_root is None
+    assert cache.uncached.local_root == remote.root

@@ -42,7 +42,7 @@ from typing import NamedTuple
 from fastload.convert._progress import plural
 from fastload.errors import StoreError, StorePermissionError
 from fastload.formats.manifest import MANIFEST_NAME
-from fastload.storage import LocalStore, ObjectMeta, Store
+from fastload.storage import ObjectMeta, Store
 
 __all__ = ["Tree", "TreeNote", "visible", "walk_tree"]
 
@@ -178,27 +178,28 @@ def walk_tree(store: Store) -> Tree:
         StorePermissionError: A directory of the tree cannot be listed.
         StoreError: Another error of the file system while listing.
     """
-    if not isinstance(store, LocalStore):
+    root = store.local_root
+    if root is None:
         return Tree(store.url, [m for m in store.list("") if visible(m.key)])
-    return _LocalWalk(store).run(visible)
+    return _LocalWalk(store, root).run(visible)
 
 
 class _LocalWalk:
     """The sorted depth-first walk of a local store's root, following links."""
 
-    def __init__(self, store: LocalStore) -> None:
-        self.store = store
+    def __init__(self, store: Store, root: str) -> None:
+        self.store, self.root = store, root
         self.tree = Tree(store.url)
         #: (device, inode) of every directory walked → its key ("" for the root)
         self.walked: dict[tuple[int, int], str] = {}
         # (device, inode) of each object, in order: duplicates are found once the walk is done
         self.devices = array("Q")
         self.inodes = array("Q")
-        self.real_root = os.path.realpath(store.root)
+        self.real_root = os.path.realpath(root)
         self.real_root_sep = self.real_root.rstrip(os.sep) + os.sep
 
     def run(self, visible: Callable[[str], bool]) -> Tree:
-        root = self.store.root
+        root = self.root
         try:
             st = os.stat(root)
         except FileNotFoundError:

@@ -28,7 +28,6 @@ from fastload.formats.lmdb._layout import (
 )
 from fastload.formats.lmdb._sizing import PageCount
 from fastload.storage import (
-    LocalStore,
     Store,
     make_scratch_dir,
     remove_stale_temporaries,
@@ -51,9 +50,10 @@ _SPILL_PIECES = 512
 
 def _local_target(store: Store, key: str) -> str | None:
     """The file path ``key`` will have, for stores whose objects are plain files we can rename into."""
-    if store.has_local_paths and isinstance(store, LocalStore):
+    root = store.local_root
+    if root is not None:
         validate_key(key, url=store.url)
-        return os.path.join(store.root, *key.split("/"))
+        return os.path.join(root, *key.split("/"))
     return None
 
 
