@@ -47,7 +47,7 @@ import random
 from collections import OrderedDict
 from typing import Any
 
-from fastload._units import check_int
+from fastload._units import check_int, format_bytes
 from fastload.errors import InvalidArgumentError
 
 __all__ = [
@@ -228,14 +228,6 @@ class CapacityPlan:
     def to_dict(self) -> dict[str, Any]:
         """The plan as a JSON-ready dictionary (the attribute names)."""
         return dataclasses.asdict(self)
-
-
-def format_bytes(n: float) -> str:
-    """``n`` bytes in decimal units: ``"34.9 TB"``, ``"111.5 KB"``, ``"12 B"``."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:,.1f} {unit}"
-    return f"{n:,.0f} B"
 
 
 def _limits(

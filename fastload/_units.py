@@ -8,7 +8,7 @@ import re
 
 from fastload.errors import InvalidArgumentError
 
-__all__ = ["check_int", "parse_size"]
+__all__ = ["check_int", "format_bytes", "parse_size", "plural"]
 
 _UNITS = {
     "": 1,
@@ -75,3 +75,17 @@ def check_int(name: str, value: object, *, minimum: int = 0, maximum: int | None
             return number
     wanted = f"from {minimum} to {maximum}" if maximum is not None else f">= {minimum}"
     raise InvalidArgumentError(f"{name} must be an int {wanted}, got {value!r}")
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes in decimal units: ``"34.9 TB"``, ``"111.5 KB"``, ``"12 B"``."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,.0f} B"
+
+
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """``plural(1, "shard")`` -> ``1 shard``; ``plural(3, "shard")`` -> ``3 shards``;
+    ``plural(2, "class", "classes")`` -> ``2 classes``."""
+    return f"{count} {word if count == 1 else (many or word + 's')}"

@@ -7,8 +7,8 @@ import dataclasses
 import json
 from typing import Any
 
+from fastload._units import plural
 from fastload.cli._common import EXIT_OK, UsageError, add_command, count, out, positive_int, size
-from fastload.convert._progress import plural
 
 __all__ = ["add"]
 
@@ -112,7 +112,7 @@ def _workload(args: argparse.Namespace) -> Any:
 
 def _run(args: argparse.Namespace) -> int:
     from fastload._capacity import Cluster, plan_capacity
-    from fastload._capacity import format_bytes as _bytes
+    from fastload._units import format_bytes as _bytes
 
     try:
         block = None if args.block_size.lower() == "none" else positive_int(args.block_size)

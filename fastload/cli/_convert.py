@@ -15,8 +15,7 @@ from fastload.cli._common import (
     size,
 )
 from fastload.cli._store_options import add_store_options, check_endpoint_used, options_for
-from fastload.convert._engines import ENGINES
-from fastload.convert._tokenizer import DEFAULT_BLOCK_TOKENS, Tokenize
+from fastload.convert import DEFAULT_BLOCK_TOKENS, ENGINES, Tokenize
 
 if TYPE_CHECKING:
     from fastload.convert import ConvertResult

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from fastload._units import plural
 from fastload.cli._common import (
     EXIT_ERROR,
     EXIT_OK,
@@ -22,7 +23,6 @@ from fastload.cli._common import (
     table,
 )
 from fastload.cli._store_options import add_store_options, url_store_options
-from fastload.convert._progress import plural
 from fastload.errors import StoreUnavailableError, TransientStoreError
 from fastload.storage import unreachable_reason
 
@@ -70,8 +70,8 @@ def add_inspect(sub: Any) -> None:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
+    from fastload._units import format_bytes
     from fastload.convert import inspect_dataset
-    from fastload.convert._progress import format_bytes
     from fastload.convert.tools import write_inspect_json
 
     if args.json:  # streamed: the shard list is 22 MB of JSON at 100,000 shards

@@ -8,10 +8,11 @@ the dataset tools in :mod:`fastload.convert.tools`; the command's exit statuses 
 """
 
 from fastload.convert._convert import convert
+from fastload.convert._engines import ENGINES
 from fastload.convert._plan import parse_size
 from fastload.convert._results import ConvertResult, SkippedItem
 from fastload.convert._state import SKIPPED_KEY
-from fastload.convert._tokenizer import Tokenize
+from fastload.convert._tokenizer import DEFAULT_BLOCK_TOKENS, Tokenize
 from fastload.convert.sources import (
     SOURCES,
     ConversionError,
@@ -31,6 +32,8 @@ from fastload.convert.tools import (
 )
 
 __all__ = [
+    "DEFAULT_BLOCK_TOKENS",
+    "ENGINES",
     "SKIPPED_KEY",
     "SOURCES",
     "ConversionError",

@@ -7,22 +7,11 @@ import sys
 import time
 from typing import IO, Any
 
+from fastload._units import format_bytes, plural
+
 __all__ = ["Progress", "WarningPrinter", "format_bytes", "format_duration", "plural"]
 
-
-def format_bytes(n: float) -> str:
-    """``1234567`` → ``1.2 MB`` (decimal units)."""
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"  # pragma: no cover
-
-
-def plural(count: int, word: str, many: str | None = None) -> str:
-    """``plural(1, "shard")`` → ``1 shard``; ``plural(3, "shard")`` → ``3 shards``;
-    ``plural(2, "class", "classes")`` → ``2 classes``."""
-    return f"{count} {word if count == 1 else (many or word + 's')}"
+# format_bytes and plural live in fastload._units (shared with the CLI and the capacity model).
 
 
 def format_duration(seconds: float) -> str:

@@ -19,8 +19,13 @@ from typing import Any
 
 from fastload.errors import FormatError, InvalidArgumentError, ObjectNotFoundError
 from fastload.formats import Manifest, ShardEntry, ShardNames, get_format
-from fastload.formats.webdataset import build_index, parse_index
-from fastload.formats.webdataset._compressed import HEAD_BYTES, compressed_name, compression_of
+from fastload.formats.webdataset import (
+    HEAD_BYTES,
+    build_index,
+    compressed_name,
+    compression_of,
+    parse_index,
+)
 from fastload.loader._dataset import Dataset
 from fastload.storage import (
     DEFAULT_CACHE_SIZE,

@@ -64,8 +64,7 @@ import pytest
 
 from fastload._fsutil import pid_alive
 from fastload.cli import main
-from fastload.convert import convert
-from fastload.convert._engines import ENGINES
+from fastload.convert import ENGINES, convert
 from fastload.convert._plan import PlanStream, ShardLayout
 from fastload.convert._pool import Executor, Pool, ShardRecords, run_jobs
 from fastload.convert._progress import Progress

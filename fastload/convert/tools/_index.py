@@ -101,8 +101,8 @@ def _compression(head: bytes) -> str | None:
     """Whether a shard's first bytes are a compressed stream: a tar inside gzip/bzip2/xz (the
     ``webdataset`` library's ``.tar.gz``/``.tgz``) or a gzip/zlib TFRecord file. Such shards are
     read in order only: they get no index."""
-    from fastload.formats.tfrecord._compression import detect_compression
-    from fastload.formats.webdataset._compressed import compression_of
+    from fastload.formats.tfrecord import detect_compression
+    from fastload.formats.webdataset import compression_of
 
     codec = compression_of(head)
     if codec is not None:
@@ -118,8 +118,7 @@ def _is_compressed(store: Store, key: str) -> bool:
 
 def _inflated_tar_head(store: Store, key: str) -> bytes:
     """The first tar block inside a compressed shard (empty when it does not decompress)."""
-    from fastload.formats.webdataset._source import open_shard
-    from fastload.formats.webdataset._tar import BLOCK
+    from fastload.formats.webdataset import BLOCK, open_shard
 
     try:
         with open_shard(store, key, inflate=True) as view:

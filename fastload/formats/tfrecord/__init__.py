@@ -17,7 +17,14 @@ from fastload.formats.tfrecord._index import build_index
 from fastload.formats.tfrecord._reader import TFRecordReader
 from fastload.formats.tfrecord._writer import TFRecordWriter
 
-__all__ = ["FORMAT", "TFRecordReader", "TFRecordWriter", "build_index", "detect"]
+__all__ = [
+    "FORMAT",
+    "TFRecordReader",
+    "TFRecordWriter",
+    "build_index",
+    "detect",
+    "detect_compression",
+]
 
 
 def detect(head: bytes) -> bool:

@@ -8,18 +8,25 @@ Readable by the ``webdataset`` library, GNU tar and DALI's ``fn.readers.webdatas
 from __future__ import annotations
 
 from fastload.formats._base import Format
+from fastload.formats.webdataset._compressed import HEAD_BYTES, compressed_name, compression_of
+from fastload.formats.webdataset._source import open_shard
 from fastload.formats.webdataset._tar import BLOCK, checksum_ok
 from fastload.formats.webdataset.index import build_index, format_index, parse_index
 from fastload.formats.webdataset.reader import WebDatasetReader
 from fastload.formats.webdataset.writer import WebDatasetWriter
 
 __all__ = [
+    "BLOCK",
     "FORMAT",
+    "HEAD_BYTES",
     "WebDatasetReader",
     "WebDatasetWriter",
     "build_index",
+    "compressed_name",
+    "compression_of",
     "detect",
     "format_index",
+    "open_shard",
     "parse_index",
 ]
 
