@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -43,7 +44,7 @@ from fastload.dali._source import BatchSource, FieldSpec, resolve_dataset
 from fastload.errors import FastloadError, InvalidArgumentError, WorkerError
 from fastload.formats import ErrorPolicy
 from fastload.loader import Dataset, EpochCursor, Partition, detect_launch, pipeline_seed
-from fastload.storage import Store
+from fastload.storage import DEFAULT_CACHE_SIZE, Store
 
 __all__ = ["DALILoader"]
 
@@ -90,7 +91,10 @@ class DALILoader:
         initial_fill: Native mode: DALI's shuffle buffer, in samples.
         cache_dir: Cache remote shards in this local directory (shared by processes); needed
             for ``reader="native"`` on remote stores.
-        cache_bytes: Byte budget of the cache (``"50GB"`` or an int).
+        cache_size: Byte budget of the cache (``"50GB"`` or an int), as for
+            :func:`fastload.open_dataset`.
+        cache_bytes: The former name of ``cache_size``: still taken, with a
+            ``DeprecationWarning``.
         on_error: Corrupt samples when reading (external mode): ``"raise"``, ``"skip"`` or
             ``"warn"``; undecodable images always raise (DALI's decoders cannot skip).
         store_options: Options for :func:`fastload.open_store` when ``dataset`` is a URL.
@@ -133,13 +137,26 @@ class DALILoader:
         prefetch: int = 2,
         initial_fill: int = 1024,
         cache_dir: str | os.PathLike[str] | None = None,
-        cache_bytes: int | str = "10GB",
+        cache_size: int | str = DEFAULT_CACHE_SIZE,
+        cache_bytes: int | str | None = None,
         on_error: str = "raise",
         store_options: Mapping[str, Any] | None = None,
         device_id: int | None = None,
         prebuild: bool = True,
     ) -> None:
         require_dali()
+        if cache_bytes is not None:
+            if cache_size != DEFAULT_CACHE_SIZE:
+                raise InvalidArgumentError(
+                    "pass cache_size only (cache_bytes is its former name), not both"
+                )
+            warnings.warn(
+                "DALILoader(cache_bytes=...) is now cache_size=..., as in open_dataset; "
+                "cache_bytes will be removed",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            cache_size = cache_bytes
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
         self.num_threads = check_int("num_threads", num_threads, minimum=1)
         self.py_workers = check_int("py_workers", py_workers)
@@ -164,7 +181,7 @@ class DALILoader:
         if self.device == "gpu":
             self.device_id = device_id if device_id is not None else local_rank(launch)
         self.dataset = resolve_dataset(
-            dataset, seed, shuffle, on_error, store_options, cache_dir, cache_bytes
+            dataset, seed, shuffle, on_error, store_options, cache_dir, cache_size
         )
         self.reader = "external" if reader == "auto" else reader
         self._native_paths: tuple[list[str], list[str]] | None = None

@@ -46,7 +46,7 @@ def resolve_dataset(
     on_error: str,
     store_options: Mapping[str, Any] | None,
     cache_dir: str | os.PathLike[str] | None,
-    cache_bytes: int | str,
+    cache_size: int | str,
 ) -> Dataset:
     """The dataset a ``DALILoader`` reads: ``dataset`` itself, or a copy with the loader's
     overrides (``seed``/``shuffle`` ``None`` keep the dataset's), or one opened from a URL or
@@ -64,7 +64,7 @@ def resolve_dataset(
         if on_error != dataset.on_error:
             changes["on_error"] = on_error
         if cache_dir is not None:
-            cached = _cached(dataset.store, cache_dir, cache_bytes)
+            cached = _cached(dataset.store, cache_dir, cache_size)
             if cached is not dataset.store:
                 changes["store"] = cached
         return dataset.replace(**changes) if changes else dataset
@@ -72,7 +72,7 @@ def resolve_dataset(
         dataset if isinstance(dataset, Store) else open_store(dataset, **dict(store_options or {}))
     )
     if cache_dir is not None:
-        store = _cached(store, cache_dir, cache_bytes)
+        store = _cached(store, cache_dir, cache_size)
     return open_dataset(
         store,
         shuffle=True if shuffle is None else bool(shuffle),
@@ -81,11 +81,11 @@ def resolve_dataset(
     )
 
 
-def _cached(store: Store, cache_dir: str | os.PathLike[str], cache_bytes: int | str) -> Store:
+def _cached(store: Store, cache_dir: str | os.PathLike[str], cache_size: int | str) -> Store:
     """``store`` behind a disk cache, unless its objects are local files already."""
     if store.has_local_paths:  # a cache's files included
         return store
-    return CachingStore(store, cache_dir, cache_bytes)
+    return CachingStore(store, cache_dir, cache_size)
 
 
 @dataclass(frozen=True)

@@ -270,3 +270,22 @@ def test_gpu_device_without_a_gpu_is_a_clear_error(datasets: dict[str, str]) -> 
     with pytest.raises(InvalidArgumentError, match="needs a CUDA GPU"):
         DALILoader(datasets["webdataset"], 4, device="gpu")
     assert DALILoader(datasets["webdataset"], 4, device="auto").device == "cpu"
+
+
+def test_cache_size_is_the_one_spelling_and_cache_bytes_still_works(
+    datasets: dict[str, str], tmp_path: Path
+) -> None:
+    from fastload.storage import CachingStore, MemoryStore
+
+    local = open_store(datasets["webdataset"])
+    remote = MemoryStore(f"memory://dali-cache-{tmp_path.name}")  # not local files: cached
+    for key in local.list_keys():
+        remote.put(key, local.get(key))
+    loader = DALILoader(remote, 4, cache_dir=tmp_path / "a", cache_size="1MB", device="cpu")
+    assert isinstance(loader.dataset.store, CachingStore)
+    assert "max_bytes=1000000)" in repr(loader.dataset.store)
+    with pytest.warns(DeprecationWarning, match="cache_bytes=...\\) is now cache_size"):
+        old = DALILoader(remote, 4, cache_dir=tmp_path / "b", cache_bytes="2MB", device="cpu")
+    assert "max_bytes=2000000)" in repr(old.dataset.store)
+    with pytest.raises(InvalidArgumentError, match="not both"):
+        DALILoader(remote, 4, cache_dir=tmp_path / "c", cache_size="1MB", cache_bytes="2MB")
