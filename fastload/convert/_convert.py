@@ -45,7 +45,7 @@ from fastload._os import interrupts_escalate
 from fastload._units import check_int
 from fastload._version import __version__
 from fastload.convert._empty import no_samples, nothing_kept
-from fastload.convert._engines import get_engine
+from fastload.convert._engines import ExecutorChoice, get_engine
 from fastload.convert._guard import Guard, check_not_inside
 from fastload.convert._map import MapFn, map_name, resolve_map
 from fastload.convert._overhead import measured_tar_overhead, planned_tar_overhead
@@ -59,12 +59,9 @@ from fastload.convert._plan import (
     shard_size_limit,
 )
 from fastload.convert._pool import (
-    Executor,
-    InProcess,
     Pool,
     ShardRecords,
     run_jobs,
-    starts_before_planning,
 )
 from fastload.convert._progress import Progress, WarningPrinter, plural
 from fastload.convert._results import (
@@ -248,7 +245,7 @@ def convert(
     resolve_map(map_fn, map_dir)  # fail early, in the parent, for a bad spec
     stream = progress_stream if progress_stream is not None else sys.stderr
 
-    pool: Executor | None = None
+    choice: ExecutorChoice | None = None
     guard: Guard | None = None
     dst_store: Store | None = None
     plan: PlanStream | None = None  # for the message of an interruption
@@ -258,8 +255,8 @@ def convert(
     # Ctrl-C raises KeyboardInterrupt once; again, it has the pool stop at once (and raises
     # nothing in the middle of the shutdown or of the message saying how far it got).
     def stop_now() -> None:
-        if pool is not None:
-            pool.stop_now()
+        if choice is not None and choice.started is not None:
+            choice.started.stop_now()
 
     escalation = contextlib.ExitStack()
     escalation.enter_context(interrupts_escalate(stop_now))
@@ -272,19 +269,11 @@ def convert(
             spec = resolve_tokenizer(tokenize, SOURCES.canonical(source.type_name), os.getcwd())
         dst_store = open_store(dst, **dict(store_options or {}))
         check_not_inside(source.store, source.keys is not None, dst_store)
-        use_pool = not dry_run and (
-            engine.remote  # which refuses memory:// stores
-            or (
-                n_workers > 1
-                and dst_store.shared_across_processes
-                and source.store.shared_across_processes
-            )
+        address = addresses.get(engine.address_option or "")
+        choice = ExecutorChoice(
+            engine, n_workers, address, fmt, source.store, dst_store, dry_run=dry_run
         )
-        if use_pool and engine.remote:
-            address = addresses.get(engine.address_option or "")
-            pool = engine.open(address, source.store, dst_store)
-        elif use_pool and starts_before_planning():
-            pool = Pool(n_workers, fmt)
+        choice.start_early()
 
         # 1. plan: shards are cut (and hashed) as the source is enumerated
         plan_skipped: list[SkippedItem] = []
@@ -375,9 +364,7 @@ def convert(
                 )
 
         ahead = list(itertools.islice(feed := jobs(), 2))  # one job is written in this process
-        if (several := len(ahead) > 1) and pool is None and use_pool:
-            pool = Pool(n_workers, fmt)
-        runner = pool if pool is not None and (several or engine.remote) else InProcess()
+        runner = choice.runner(several=len(ahead) > 1)
         feed = itertools.chain(ahead, feed)
         del ahead  # the chain alone holds those two jobs, until they are written
         try:
@@ -399,6 +386,7 @@ def convert(
         return result
     except KeyboardInterrupt as exc:
         interrupted = exc
+        pool = choice.started if choice is not None else None
         if isinstance(pool, Pool) and phase == "writing" and not quiet:
             stream.write(
                 "fastload convert: interrupted; the workers finish the shards they are writing "
@@ -408,8 +396,8 @@ def convert(
         raise
     finally:
         try:
-            if pool is not None:
-                pool.shutdown()  # waits for the workers: their writers are done after it
+            if choice is not None and choice.started is not None:
+                choice.started.shutdown()  # waits for the workers: their writers are done after it
         finally:
             try:
                 if guard is not None:

@@ -20,13 +20,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastload.convert import _worker
-from fastload.convert._pool import Executor, ShardRecords
+from fastload.convert._pool import Executor, InProcess, Pool, ShardRecords, starts_before_planning
 from fastload.convert._state import PLAN_KEY
 from fastload.convert._worker import Counters, ShardJob
 from fastload.errors import InvalidArgumentError, MissingDependencyError
+from fastload.formats import Format
 from fastload.storage import Store
 
 __all__ = [
+    "ExecutorChoice",
     "ENGINES",
     "Engine",
     "TaskExecutor",
@@ -243,3 +245,61 @@ def write_shipped_job(data: bytes, engine: str) -> dict[str, Any]:
             "to an object store (s3://) or HDFS (hdfs://)"
         )
     return _worker.write_shards(iter([job]))[0]
+
+
+class ExecutorChoice:
+    """Which executor writes a conversion's shards, decided once from the options and the
+    stores' capabilities, and started when it pays off.
+
+    Shards are written in parallel unless this is a dry run, or (for the local engine) there is
+    one worker or a store that other processes cannot see (``shared_across_processes``: a
+    ``memory://`` store); a cluster engine always runs its tasks. :meth:`start_early` starts,
+    before planning, what gains from it: a cluster engine's executor, or a pool whose workers
+    import while the plan is made (forkserver, :func:`~fastload.convert._pool.
+    starts_before_planning`). :meth:`runner` gives the executor for the jobs once the first two
+    are planned: one shard is written in this process. :attr:`started` is what must be stopped.
+
+    Args:
+        engine: The engine (``executor=``).
+        workers: Local worker processes.
+        address: The cluster engine's address option (``ray_address``, ``spark_master``).
+        fmt: The output format (a forkserver preloads its writer).
+        source: The source's store.
+        dst: The destination store.
+        dry_run: Nothing is written.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        workers: int,
+        address: str | None,
+        fmt: Format,
+        source: Store,
+        dst: Store,
+        dry_run: bool,
+    ) -> None:
+        self.engine, self.workers, self.address, self.fmt = engine, workers, address, fmt
+        self.source, self.dst = source, dst
+        self.parallel = not dry_run and (
+            engine.remote  # which refuses stores other processes cannot see
+            or (workers > 1 and dst.shared_across_processes and source.shared_across_processes)
+        )
+        #: The executor started (to stop when the conversion ends), or None.
+        self.started: Executor | None = None
+
+    def start_early(self) -> None:
+        """Start, before planning, the executor that gains from it (see the class docstring)."""
+        if self.parallel and self.engine.remote:
+            self.started = self.engine.open(self.address, self.source, self.dst)
+        elif self.parallel and starts_before_planning():
+            self.started = Pool(self.workers, self.fmt)
+
+    def runner(self, several: bool) -> Executor:
+        """The executor for the jobs, ``several`` of them or one (written in this process
+        unless a cluster engine runs it)."""
+        if several and self.started is None and self.parallel:
+            self.started = Pool(self.workers, self.fmt)
+        if self.started is not None and (several or self.engine.remote):
+            return self.started
+        return InProcess()

@@ -11,9 +11,14 @@ writer leaves only a temporary file or an unfinished upload, which the next run 
 
 The converting process plans as the tasks complete: at most :data:`IN_FLIGHT_PER_CPU` tasks per
 CPU of the Ray cluster are submitted and not yet finished, so the driver holds a few shards'
-units, never the plan's. The first failed task (or a failing plan, or Ctrl-C) cancels the
-outstanding tasks (Ray interrupts a running one: its shard is aborted, nothing partial is visible)
-and raises the task's own error; committed shards stay, and the same command resumes.
+units, never the plan's. The first failed task (or a failing plan, or Ctrl-C) stops the run: the
+outstanding tasks (a few per CPU) finish their shards, as the local pool's workers do, the driver
+waits for them and raises the first error; committed shards stay, and the same command resumes.
+They are not cancelled: Ray reports a task cancelled that it had just handed to a worker, which
+then runs on, and re-sends a running task's interrupt until it ends, so a cancelled task could
+still be writing, or leave a shard without its done record, after ``convert`` returned. A second
+Ctrl-C (:meth:`RayExecutor.stop_now`) kills them (``ray.cancel(force=True)``): their shards are
+written again by the re-run.
 
 Stores must be reachable from every Ray node: object stores (``s3://``) are; a local directory
 (source or destination) must be on a file system that every node mounts at the same path (on
@@ -67,6 +72,7 @@ class RayExecutor(TaskExecutor):
         del source, dst  # every task opens them itself, from its job
         ray = import_engine("ray", ENGINES["ray"])
         self._ray = ray
+        self._stop_now = False
         self._started = not ray.is_initialized()
         if self._started:
             try:
@@ -109,14 +115,22 @@ class RayExecutor(TaskExecutor):
         return record
 
     def cancel(self, handles: list[Any]) -> None:
-        """Cancel the tasks (Ray interrupts a running one: its shard is aborted, nothing
-        partial is visible, a re-run writes it) and wait for them to end."""
+        """Wait until the tasks have finished their shards (their errors are not raised: the
+        run is failing already), or, after :meth:`stop_now`, kill them and wait for that (see
+        the module docstring)."""
         ray = self._ray
-        for ref in handles:
-            ray.cancel(ref, force=False)
+        pending = list(handles)
+        while pending and not self._stop_now:
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=0.1)
+        for ref in pending:
+            ray.cancel(ref, force=True)
         for ref in handles:
             with contextlib.suppress(ray.exceptions.RayError):
                 ray.get(ref)
+
+    def stop_now(self) -> None:
+        """Kill the outstanding tasks instead of letting them finish (a second Ctrl-C)."""
+        self._stop_now = True
 
     def close(self) -> None:
         """Shut down the Ray runtime if this executor started it."""

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -40,7 +39,7 @@ from fastload.dali._augment import AugmentFn, ImageAugment, check_augment
 from fastload.dali._backend import Device, local_rank, require_dali, resolve
 from fastload.dali._native import NativePlan, check_native, local_paths, native_reader
 from fastload.dali._outputs import convert_batch
-from fastload.dali._source import BatchSource, FieldSpec, resolve_dataset
+from fastload.dali._source import BatchSource, FieldSpec, cache_budget, resolve_dataset
 from fastload.errors import FastloadError, InvalidArgumentError, WorkerError
 from fastload.formats import ErrorPolicy
 from fastload.loader import Dataset, EpochCursor, Partition, detect_launch, pipeline_seed
@@ -145,18 +144,7 @@ class DALILoader:
         prebuild: bool = True,
     ) -> None:
         require_dali()
-        if cache_bytes is not None:
-            if cache_size != DEFAULT_CACHE_SIZE:
-                raise InvalidArgumentError(
-                    "pass cache_size only (cache_bytes is its former name), not both"
-                )
-            warnings.warn(
-                "DALILoader(cache_bytes=...) is now cache_size=..., as in open_dataset; "
-                "cache_bytes will be removed",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            cache_size = cache_bytes
+        cache_size = cache_budget(cache_size, cache_bytes)
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
         self.num_threads = check_int("num_threads", num_threads, minimum=1)
         self.py_workers = check_int("py_workers", py_workers)

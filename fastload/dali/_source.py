@@ -16,6 +16,7 @@ reopens its readers in each process), so ``fork`` and ``spawn`` both work.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from fastload._lazy import PerProcess
 from fastload.errors import FormatError, InvalidArgumentError, WorkerError
 from fastload.formats import decode_field
 from fastload.loader import Dataset, Partition, check_seed, open_dataset, sample_nbytes
-from fastload.storage import CachingStore, Store, open_store
+from fastload.storage import DEFAULT_CACHE_SIZE, CachingStore, Store, open_store
 
 __all__ = ["META_COLUMNS", "BatchSource", "FieldSpec", "resolve_dataset"]
 
@@ -79,6 +80,28 @@ def resolve_dataset(
         seed=0 if seed is None else seed,
         on_error=on_error,
     )
+
+
+def cache_budget(cache_size: int | str, cache_bytes: int | str | None) -> int | str:
+    """The cache budget of a :class:`~fastload.dali.DALILoader`: ``cache_size``, or its former
+    name ``cache_bytes`` with a ``DeprecationWarning``.
+
+    Raises:
+        InvalidArgumentError: Both were given.
+    """
+    if cache_bytes is None:
+        return cache_size
+    if cache_size != DEFAULT_CACHE_SIZE:
+        raise InvalidArgumentError(
+            "pass cache_size only (cache_bytes is its former name), not both"
+        )
+    warnings.warn(
+        "DALILoader(cache_bytes=...) is now cache_size=..., as in open_dataset; cache_bytes will "
+        "be removed",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return cache_bytes
 
 
 def _cached(store: Store, cache_dir: str | os.PathLike[str], cache_size: int | str) -> Store:

@@ -352,7 +352,7 @@ class ExecutorTests:
             p.name.removesuffix(".json")
             for p in (tmp_path / "out" / "_fastload_convert" / "done").glob("*.json")
         )
-        assert written == recorded
+        assert written == recorded, (written, recorded)
         assert set(written) <= {f"shard-{n:06d}.tar" for n in range(12)}
         for name in written:
             with get_format("webdataset").reader(dst, name) as reader:
