@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
-import random
 import shutil
 import sys
 import tempfile
@@ -38,6 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks import _random_dataset
 from benchmarks._harness import (
     emit_result,
     median_rate,
@@ -57,30 +56,17 @@ VARIANTS = {"clean": 0.0, "faults-1%": 0.01, "faults-5%": 0.05}
 KINDS = ("cut_headers", "cut_body", "reset", "stall", "delay")
 
 
-def _payload(i: int) -> bytes:
-    rng = random.Random(i)
-    return rng.randbytes(rng.randint(16_000, 48_000))
-
-
-def _digest_of(sample: dict[str, Any]) -> dict[str, Any]:
-    return {"__key__": sample["__key__"], "sha": hashlib.sha256(sample["bin"]).hexdigest()[:16]}
-
-
-def _collate(batch: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
-    return [s["__key__"] for s in batch], [s["sha"] for s in batch]
-
-
 # ---- the child: one cold epoch ------------------------------------------------------------------
 
 
 def child_epoch(spec: dict[str, Any]) -> dict[str, Any]:
     """One cold epoch through the proxy; returns time_epoch's result plus what the loader saw."""
     import fastload
-    from benchmarks import bench_faults as this  # by module name, not __main__: workers pickle
+    from benchmarks import _random_dataset as dataset  # by name: workers pickle
 
     count = spec["count"]
     options = dict(spec["store_options"], read_timeout=READ_TIMEOUT)
-    expected = {f"s{i:06d}": hashlib.sha256(_payload(i)).hexdigest()[:16] for i in range(count)}
+    expected = dataset.expected_digests(count)
     seen: dict[str, str] = {}
     holder: dict[str, Any] = {}
 
@@ -91,10 +77,10 @@ def child_epoch(spec: dict[str, Any]) -> dict[str, Any]:
             cache_dir=spec["cache_dir"],
             cache_size="100GB",
             seed=0,
-            transform=this._digest_of,
+            transform=dataset.digest_of,
         )
         loader = fastload.DataLoader(
-            ds, batch_size=BATCH, num_workers=WORKERS, collate_fn=this._collate
+            ds, batch_size=BATCH, num_workers=WORKERS, collate_fn=dataset.collate
         )
         holder["loader"] = loader
 
@@ -120,29 +106,6 @@ def child_epoch(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---- the parent ---------------------------------------------------------------------------------
-
-
-def _build(url: str, count: int, options: dict[str, Any]) -> int:
-    """Write the dataset to ``url`` (once: kept when its manifest has ``count`` samples);
-    return its shard bytes."""
-    import fastload
-    from fastload.formats import Manifest, ShardEntry, get_format, read_manifest, write_manifest
-
-    store = fastload.open_store(url, **options)
-    if store.exists("fastload.json"):
-        manifest = read_manifest(store)
-        if manifest.num_samples == count:
-            return int(manifest.num_bytes)
-    fmt = get_format("webdataset")
-    entries = []
-    for s in range(0, count, SHARD_SAMPLES):
-        writer = fmt.writer(store, f"shard-{s // SHARD_SAMPLES:06d}.{fmt.extension}")
-        for i in range(s, min(count, s + SHARD_SAMPLES)):
-            writer.write({"__key__": f"s{i:06d}", "bin": _payload(i)})
-        entries.append(ShardEntry.from_info(writer.close()))
-    manifest = Manifest(format=fmt.name, shards=entries)
-    write_manifest(store, manifest)
-    return int(manifest.num_bytes)
 
 
 def _injected_wait(run: dict[str, Any]) -> float:
@@ -177,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
             client.create_bucket(Bucket=BUCKET)
         url = f"s3://{BUCKET}/random-{count}"
-        nbytes = _build(url, count, options)
+        nbytes = _random_dataset.build(url, count, SHARD_SAMPLES, options)
         label = "QUICK RUN, " if args.quick else ""
         print(
             f"{label}{count} samples in {-(-count // SHARD_SAMPLES)} shards "

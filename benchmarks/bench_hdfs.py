@@ -27,10 +27,8 @@ Run: ``.venv/bin/python -m benchmarks.bench_hdfs [--quick] [--json PATH]``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
-import random
 import shutil
 import statistics
 import sys
@@ -40,6 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks import _random_dataset
 from benchmarks._harness import emit_result, median_rate, print_round, ratio, run_child, time_epoch
 
 WORKERS = 2
@@ -49,27 +48,14 @@ VARIANTS = ("local", "hdfs-cold", "hdfs-warm", "hdfs-direct")
 FILL_VARIANTS = ("fastload-cache-fill", "hdfs_native-read", "hdfs_native-to-disk")
 
 
-def _payload(i: int) -> bytes:
-    rng = random.Random(i)
-    return rng.randbytes(rng.randint(16_000, 48_000))
-
-
-def _digest_of(sample: dict[str, Any]) -> dict[str, Any]:
-    return {"__key__": sample["__key__"], "sha": hashlib.sha256(sample["bin"]).hexdigest()[:16]}
-
-
-def _collate(batch: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
-    return [s["__key__"] for s in batch], [s["sha"] for s in batch]
-
-
 # ---- children -----------------------------------------------------------------------------------
 
 
 def _epoch(url: str, count: int, cache_dir: str | None) -> dict[str, Any]:
     import fastload
-    from benchmarks import bench_hdfs as this  # by module name, not __main__: workers pickle
+    from benchmarks import _random_dataset as dataset  # by name: workers pickle
 
-    expected = {f"s{i:06d}": hashlib.sha256(_payload(i)).hexdigest()[:16] for i in range(count)}
+    expected = dataset.expected_digests(count)
     seen: dict[str, str] = {}
 
     def make() -> Any:
@@ -78,10 +64,10 @@ def _epoch(url: str, count: int, cache_dir: str | None) -> dict[str, Any]:
             cache_dir=cache_dir,
             cache_size="100GB" if cache_dir else None,
             seed=0,
-            transform=this._digest_of,
+            transform=dataset.digest_of,
         )
         loader = fastload.DataLoader(
-            ds, batch_size=BATCH, num_workers=WORKERS, collate_fn=this._collate
+            ds, batch_size=BATCH, num_workers=WORKERS, collate_fn=dataset.collate
         )
 
         def batches() -> Any:
@@ -165,31 +151,6 @@ def _fill(spec: dict[str, Any], variant: str) -> dict[str, Any]:
 # ---- the parent ---------------------------------------------------------------------------------
 
 
-def _build(hdfs_url: str, local: Path, count: int) -> int:
-    """Write the dataset to ``hdfs_url`` and ``local`` (once each: kept when the manifest has
-    ``count`` samples); return its shard bytes."""
-    import fastload
-    from fastload.formats import Manifest, ShardEntry, get_format, read_manifest, write_manifest
-
-    fmt = get_format("webdataset")
-    total = 0
-    for url in (hdfs_url, str(local)):
-        store = fastload.open_store(url)
-        if store.exists("fastload.json") and read_manifest(store).num_samples == count:
-            total = int(read_manifest(store).num_bytes)
-            continue
-        entries = []
-        for s in range(0, count, SHARD_SAMPLES):
-            writer = fmt.writer(store, f"shard-{s // SHARD_SAMPLES:06d}.{fmt.extension}")
-            for i in range(s, min(count, s + SHARD_SAMPLES)):
-                writer.write({"__key__": f"s{i:06d}", "bin": _payload(i)})
-            entries.append(ShardEntry.from_info(writer.close()))
-        manifest = Manifest(format=fmt.name, shards=entries)
-        write_manifest(store, manifest)
-        total = int(manifest.num_bytes)
-    return total
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="epochs and cache fills from a real local HDFS")
     parser.add_argument("--quick", action="store_true", help="600 samples, 1 round")
@@ -211,7 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     report: dict[str, Any] = {"count": count, "rounds": rounds, "quick": args.quick}
     try:
         hdfs_url = f"{cluster.url}/bench/random-{count}"
-        nbytes = _build(hdfs_url, local, count)
+        nbytes = _random_dataset.build(hdfs_url, count, SHARD_SAMPLES)
+        _random_dataset.build(str(local), count, SHARD_SAMPLES)  # the same bytes, on local disk
         label = "QUICK RUN (not a result), " if args.quick else ""
         print(
             f"{label}{count} samples in {-(-count // SHARD_SAMPLES)} WebDataset shards "
