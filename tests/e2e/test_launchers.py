@@ -199,12 +199,24 @@ def test_in_an_sbatch_script_python_is_one_process_and_mpirun_and_srun_are_found
     script += f" && srun -n 2 --mpi=pmi2 {probe} {pmi2}"
     out, status = tmp_path / "job.out", tmp_path / "job.status"
     env = clean_env(SLURM_CONF=slurm.conf)
-    # not sbatch --wait: it polls the job's state every 10 s; the script writes its exit status
-    run(["sbatch", "-n", "3", "-o", str(out), "--wrap", f"( {script} ); echo $? > {status}"], env)
-    deadline = time.monotonic() + 240
-    while not status.exists() or not status.read_text().strip():
-        assert time.monotonic() < deadline, f"the batch job did not finish in 240 s: {out}"
-        time.sleep(0.2)
+    for attempt in range(2):
+        for path in (alone, nested, pmi2):
+            shutil.rmtree(path, ignore_errors=True)
+        for path in (out, status):
+            path.unlink(missing_ok=True)
+        # not sbatch --wait: it polls the job's state every 10 s; the script writes its status
+        command = f"( {script} ); echo $? > {status}"
+        run(["sbatch", "-n", "3", "-o", str(out), "--wrap", command], env)
+        deadline = time.monotonic() + 240
+        while not status.exists() or not status.read_text().strip():
+            assert time.monotonic() < deadline, f"the batch job did not finish in 240 s: {out}"
+            time.sleep(0.2)
+        # Once in CI (a loaded 2-core machine) the test cluster's controller took the job for
+        # ended while its script ran ("srun: error: Slurm job 3 has expired"): the toy
+        # cluster's fault, not a launch fastload misread. Such a job is submitted once more.
+        if attempt == 0 and "has expired" in out.read_text():
+            continue
+        break
     assert status.read_text().strip() == "0", out.read_text()[-4000:]
     (single,) = probes(alone)
     assert single["variables"]["SLURM_NTASKS"] == "3"  # what the batch script itself sees ...
