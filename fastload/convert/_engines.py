@@ -28,9 +28,9 @@ from fastload.formats import Format
 from fastload.storage import Store
 
 __all__ = [
-    "ExecutorChoice",
     "ENGINES",
     "Engine",
+    "ExecutorChoice",
     "TaskExecutor",
     "get_engine",
     "import_engine",

@@ -418,10 +418,10 @@ def _commit_retrying(written: Written) -> dict[str, Any]:
 
 def _finish_commits(committer: ThreadPoolExecutor) -> None:
     """Wait until the commit in flight (if any) has ended, whatever interrupts the wait: a shard
-    is then either committed with its done record or not visible. (A Ray task being cancelled
-    gets a ``KeyboardInterrupt`` again every few seconds until it ends: a second one in the middle
-    of the wait would otherwise leave the commit running after the task ended, and a shard
-    without its done record when the runtime stops.)"""
+    is then either committed with its done record or not visible. (Under ``convert`` in the main
+    thread only the first Ctrl-C raises, :func:`fastload._os.interrupts_escalate`; elsewhere, a
+    second ``KeyboardInterrupt`` during the wait would otherwise leave the commit running after
+    this returned.)"""
     while True:
         with contextlib.suppress(KeyboardInterrupt):
             committer.shutdown(wait=True)

@@ -26,6 +26,7 @@ import pytest
 
 import fastload
 from fastload.errors import StoreUnavailableError, TransientStoreError, WorkerError
+from fastload.loader import Dataset
 from fastload.storage import RetryConfig
 from fastload.storage._hdfs import HDFSStore
 from fastload.storage._local_temp import TMP_PREFIX
@@ -73,6 +74,14 @@ def datasets(cluster: HDFSCluster, image_folder: Path) -> dict[str, str]:
         )
         urls[fmt] = url
     return urls
+
+
+def shard_by_shard(url: str, cache: Path | None, **options: Any) -> Dataset:
+    """The dataset at ``url`` read a whole shard at a time, one shard ahead (long reads of each
+    shard's blocks, so that a fault lands in the middle of them), through ``cache`` if given."""
+    return fastload.open_dataset(
+        url, cache_dir=cache, block_size=None, window=1, prefetch_shards=1, **options
+    )
 
 
 def shard_bytes(url: str) -> dict[str, bytes]:
@@ -190,14 +199,8 @@ def test_datanode_killed_mid_epoch(
     e2e: Any,
 ) -> None:
     cache = tmp_path / "cache"
-    ds = fastload.open_dataset(
-        datasets["tfrecord"],
-        cache_dir=cache if cached else None,
-        block_size=None,  # whole shards in turn: most reads come after the kill
-        window=1,
-        prefetch_shards=1,
-        fields=("__key__", "cls"),
-    )
+    # whole shards in turn: most reads come after the kill
+    ds = shard_by_shard(datasets["tfrecord"], cache if cached else None, fields=("__key__", "cls"))
     loader = fastload.DataLoader(ds, batch_size=5, num_workers=2)
     batches = iter(loader)
     keys = list(next(batches)[0])
@@ -220,12 +223,9 @@ def test_namenode_restarted_mid_epoch(
     tmp_path: Path,
     cached: bool,
 ) -> None:
-    ds = fastload.open_dataset(
+    ds = shard_by_shard(
         datasets["webdataset"],
-        cache_dir=tmp_path / "cache" if cached else None,
-        block_size=None,
-        window=1,
-        prefetch_shards=1,
+        tmp_path / "cache" if cached else None,
         fields=("__key__", "cls"),
         store_options={"retry": PATIENT},
     )
@@ -302,12 +302,10 @@ def test_datanode_connections_cut_mid_epoch_deliver_every_sample_once_intact(
         f"{p.parent.name}/{p.stem}": hashlib.sha256(p.read_bytes()).hexdigest()
         for p in image_folder.glob("*/*.jpg")
     }
-    ds = fastload.open_dataset(
+    # whole shards: long transfers, cut part-way
+    ds = shard_by_shard(
         datasets["webdataset"],
-        cache_dir=tmp_path / "cache" if cached else None,
-        block_size=None,  # whole shards: long transfers, cut part-way
-        window=1,
-        prefetch_shards=1,
+        tmp_path / "cache" if cached else None,
         transform=_jpeg_digest,
         store_options={"retry": PATIENT},
     )
