@@ -13,7 +13,7 @@ TORCH_PIP_ARGS   = $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
 
 .PHONY: demo test lint bench ceph-up ceph-down clean
 
-$(STAMP): pyproject.toml setup.py fastload/loader/_jpegroi.c
+$(STAMP): pyproject.toml setup.py fastload/loader/images/_jpegroi.c
 	# Debian packages first: the native JPEG region decoder (setup.py) builds against them.
 	tools/system-deps.sh
 	$(PYTHON) -m venv $(VENV)

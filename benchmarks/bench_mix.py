@@ -157,8 +157,8 @@ def child_samples(base: Path, mixed: bool) -> dict[str, float]:
 
 def child_tokens(base: Path, mixed: bool) -> dict[str, float]:
     import fastload
-    from fastload.loader._tokens import open_tokens
-    from fastload.loader._tokens_loader import TokenLoader
+    from fastload.loader.tokens._dataset import open_tokens
+    from fastload.loader.tokens._loader import TokenLoader
 
     warm(p for d in ("TA", "TB") for p in (base / d).rglob("*") if p.is_file())
     a = open_tokens(str(base / "TA"), SEQ, seed=0)

@@ -293,8 +293,8 @@ def child_torch(base: Path) -> dict[str, float]:
 def child_fastload(base: Path, variant: str) -> dict[str, float]:
     import torch
 
-    from fastload.loader._tokens import open_tokens
-    from fastload.loader._tokens_loader import TokenLoader
+    from fastload.loader.tokens._dataset import open_tokens
+    from fastload.loader.tokens._loader import TokenLoader
 
     warm(p for p in (base / "fastload").iterdir())
     source = open_tokens(str(base / "fastload"), SEQ, seed=0)

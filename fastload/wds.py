@@ -326,7 +326,7 @@ class WebLoader:
     def state_dict(self) -> dict[str, Any]:
         """The position: O(1), taken in the main process. An output counts once it is yielded.
 
-        The keys of :class:`fastload.DataLoader`'s state (:mod:`fastload.loader._cursor`; ``step``
+        The keys of :class:`fastload.DataLoader`'s state (:mod:`fastload.loader.order._cursor`; ``step``
         is the global step in progress), plus ``kind``, ``outputs`` (outputs of ``step`` already
         yielded) and ``batch_size``.
         """

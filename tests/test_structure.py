@@ -146,6 +146,41 @@ def test_layers_import_downward(name: str) -> None:
     assert upward == [], f"{name} ({LAYERS[own]}) imports a higher layer"
 
 
+#: The loader's rooms, lowest first (issue 24): the files at the package's top are the floor
+#: named "" (the sample dataset, the batch stream, DataLoader); ``__init__`` re-exports all.
+LOADER_ROOMS = ("order", "images", "", "tokens", "mix")
+
+
+def _loader_room(name: str) -> int | None:
+    """The floor of a module of ``fastload.loader``: its room's, or the top files' (``""``);
+    ``None`` outside the package, and above every floor for its ``__init__``."""
+    parts = name.split(".")
+    if parts[:2] != ["fastload", "loader"]:
+        return None
+    if len(parts) == 2:
+        return len(LOADER_ROOMS)
+    return LOADER_ROOMS.index(parts[2] if parts[2] in LOADER_ROOMS else "")
+
+
+@pytest.mark.parametrize(
+    "name", sorted(n for n in MODULES if _loader_room(n) not in (None, len(LOADER_ROOMS)))
+)
+def test_loader_rooms_import_downward(name: str) -> None:
+    own = _loader_room(name)
+    assert own is not None
+    upward = sorted(d for d in GRAPH[name] if (_loader_room(d) or 0) > own)
+    assert upward == [], f"{name} (room {LOADER_ROOMS[own]!r}) imports a higher room of loader/"
+
+
+def test_the_room_checker_places_modules() -> None:
+    assert _loader_room("fastload.loader.order._cursor") == 0
+    assert _loader_room("fastload.loader.images") == 1
+    assert _loader_room("fastload.loader._shards") == 2
+    assert _loader_room("fastload.loader.mix._tokens") == 4
+    assert _loader_room("fastload.loader") == 5
+    assert _loader_room("fastload.storage._base") is None
+
+
 @pytest.mark.parametrize("name", LEAVES)
 def test_leaf_modules_import_only_leaves(name: str) -> None:
     if name not in MODULES:

@@ -237,7 +237,7 @@ class DALILoader:
         """The resumable position (O(1)): epoch and global steps handed to the training loop.
 
         In external mode the layout is :class:`fastload.DataLoader`'s (dataset fingerprint
-        included, :mod:`fastload.loader._cursor`), and either loader resumes from the other's
+        included, :mod:`fastload.loader.order._cursor`), and either loader resumes from the other's
         state. Native mode adds ``reader`` and ``initial_fill``.
         """
         state = self._cursor.state_dict()

@@ -29,8 +29,15 @@ import numpy.typing as npt
 from fastload._lazy import PerProcess
 from fastload.errors import FormatError, InvalidArgumentError, WorkerError
 from fastload.formats import decode_field
-from fastload.loader import Dataset, Partition, check_seed, open_dataset, sample_nbytes
-from fastload.storage import DEFAULT_CACHE_SIZE, CachingStore, Store, open_store
+from fastload.loader import (
+    Dataset,
+    Partition,
+    StoreOptions,
+    check_seed,
+    open_dataset,
+    sample_nbytes,
+)
+from fastload.storage import DEFAULT_CACHE_SIZE, Store
 
 __all__ = ["META_COLUMNS", "BatchSource", "FieldSpec", "resolve_dataset"]
 
@@ -51,9 +58,11 @@ def resolve_dataset(
 ) -> Dataset:
     """The dataset a ``DALILoader`` reads: ``dataset`` itself, or a copy with the loader's
     overrides (``seed``/``shuffle`` ``None`` keep the dataset's), or one opened from a URL or
-    store (shuffled, seed 0 by default); remote shards go through a cache in ``cache_dir``."""
+    store (shuffled, seed 0 by default); remote shards go through a cache in ``cache_dir``
+    (local files do not: they are read in place)."""
+    sources = StoreOptions(store_options, cache_dir, cache_size, entry="DALILoader")
     if isinstance(dataset, Dataset):
-        if store_options:
+        if sources.store_options:
             raise InvalidArgumentError(
                 "store_options apply only when dataset is a URL, not a Dataset"
             )
@@ -64,18 +73,11 @@ def resolve_dataset(
             changes["shuffle"] = bool(shuffle)
         if on_error != dataset.on_error:
             changes["on_error"] = on_error
-        if cache_dir is not None:
-            cached = _cached(dataset.store, cache_dir, cache_size)
-            if cached is not dataset.store:
-                changes["store"] = cached
+        if sources.cache_dir is not None and not dataset.store.has_local_paths:
+            changes["store"] = sources.cache(dataset.store)
         return dataset.replace(**changes) if changes else dataset
-    store = (
-        dataset if isinstance(dataset, Store) else open_store(dataset, **dict(store_options or {}))
-    )
-    if cache_dir is not None:
-        store = _cached(store, cache_dir, cache_size)
     return open_dataset(
-        store,
+        sources.open(dataset, cache_local=False),
         shuffle=True if shuffle is None else bool(shuffle),
         seed=0 if seed is None else seed,
         on_error=on_error,
@@ -102,13 +104,6 @@ def cache_budget(cache_size: int | str, cache_bytes: int | str | None) -> int | 
         stacklevel=3,
     )
     return cache_bytes
-
-
-def _cached(store: Store, cache_dir: str | os.PathLike[str], cache_size: int | str) -> Store:
-    """``store`` behind a disk cache, unless its objects are local files already."""
-    if store.has_local_paths:  # a cache's files included
-        return store
-    return CachingStore(store, cache_dir, cache_size)
 
 
 @dataclass(frozen=True)

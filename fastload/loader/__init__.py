@@ -1,8 +1,8 @@
 """Loading: PyTorch datasets and a DataLoader that are exactly-once, deterministic and resumable.
 
 * :func:`open_dataset` opens a dataset by its manifest and returns a map-style
-  :class:`Dataset` (``ds[i]`` in dataset order); :meth:`Dataset.batches` gives the iterable form
-  (:class:`BatchStream`, whole collated batches per rank) for a plain ``torch.utils.data.DataLoader``.
+  :class:`Dataset` (``ds[i]`` in dataset order); :class:`BatchStream` over it is the iterable
+  form (whole collated batches per rank) for a plain ``torch.utils.data.DataLoader``.
 * :func:`mix` mixes datasets (or token sources) by weight, exactly in every window of a stated
   size, resumably and elastically.
 * :func:`open_tokens` opens a token dataset as packed ``seq_len + 1`` sequences
@@ -17,26 +17,32 @@ into global steps, rank batches and worker tasks is pure arithmetic (:class:`Par
 """
 
 from fastload.loader._collate import default_collate
-from fastload.loader._cursor import STATE_VERSION, EpochCursor
 from fastload.loader._dataset import Dataset
 from fastload.loader._dist import Launch, detect_launch, detect_rank_world
 from fastload.loader._loader import DataLoader
-from fastload.loader._mix import mix
-from fastload.loader._mix_samples import MixedDataset
-from fastload.loader._mix_schedule import MixRoundingWarning
-from fastload.loader._mix_tokens import MixedTokens
-from fastload.loader._normalize import IMAGENET_MEAN, IMAGENET_STD
 from fastload.loader._open import open_dataset
-from fastload.loader._order import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW, EpochOrder
+from fastload.loader._options import ReadOptions, StoreOptions
 from fastload.loader._packed import PackedBytes, pack_bytes
-from fastload.loader._partition import Partition
-from fastload.loader._seeds import check_seed, pipeline_seed
 from fastload.loader._select import ToTuple, to_tuple
 from fastload.loader._shards import sample_nbytes
 from fastload.loader._stream import BatchMeta, BatchStream
-from fastload.loader._token_source import TokenBatch, TokenSource, WideningTokenSource
-from fastload.loader._tokens import TokenDataset, open_tokens
-from fastload.loader._tokens_loader import TokenLoader
+from fastload.loader.images._normalize import IMAGENET_MEAN, IMAGENET_STD
+from fastload.loader.mix._open import mix
+from fastload.loader.mix._samples import MixedDataset
+from fastload.loader.mix._schedule import MixRoundingWarning
+from fastload.loader.mix._tokens import MixedTokens
+from fastload.loader.order._cursor import STATE_VERSION, EpochCursor, Resumable
+from fastload.loader.order._order import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_WINDOW,
+    EpochOrder,
+    OrderOptions,
+)
+from fastload.loader.order._partition import Partition
+from fastload.loader.order._seeds import check_seed, pipeline_seed
+from fastload.loader.tokens._dataset import TokenDataset, open_tokens
+from fastload.loader.tokens._loader import TokenLoader
+from fastload.loader.tokens._source import TokenBatch, TokenSource, WideningTokenSource
 
 __all__ = [
     "EpochCursor",
@@ -53,6 +59,10 @@ __all__ = [
     "DataLoader",
     "Dataset",
     "EpochOrder",
+    "OrderOptions",
+    "ReadOptions",
+    "Resumable",
+    "StoreOptions",
     "Launch",
     "MixRoundingWarning",
     "MixedDataset",

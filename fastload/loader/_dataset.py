@@ -11,7 +11,6 @@ shards and samples is :class:`~fastload.loader._shards.ShardedDataset`'s; open o
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -19,7 +18,6 @@ import torch.utils.data
 
 from fastload.errors import InvalidArgumentError
 from fastload.loader._shards import NOT_DATA_ERRORS, ShardedDataset
-from fastload.loader._stream import BatchStream
 
 __all__ = ["Dataset"]
 
@@ -68,35 +66,3 @@ class Dataset(ShardedDataset, torch.utils.data.Dataset[Any]):
             log.debug("skipping undecodable sample %r: %s", raw.get("__key__"), exc)
             return None
         return self.finish(decoded)
-
-    # ---- iterable form ----------------------------------------------------------------------
-
-    def batches(
-        self,
-        batch_size: int,
-        *,
-        drop_last: bool = False,
-        collate_fn: Callable[[list[Any]], Any] | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        epoch: int = 0,
-        io_threads: int | None = None,
-        prefetch_batches: int | None = None,
-    ) -> BatchStream:
-        """The iterable form: an ``IterableDataset`` of collated batches for this rank.
-
-        Use it with ``torch.utils.data.DataLoader(stream, batch_size=None, num_workers=...)``, or
-        let :class:`fastload.DataLoader` build it. Rank and world size are detected now (see
-        :func:`~fastload.loader._dist.detect_rank_world`) unless given.
-        """
-        return BatchStream(
-            self,
-            batch_size,
-            drop_last=drop_last,
-            collate_fn=collate_fn,
-            rank=rank,
-            world_size=world_size,
-            epoch=epoch,
-            io_threads=io_threads,
-            prefetch_batches=prefetch_batches,
-        )

@@ -43,12 +43,12 @@ import torch.utils.data
 from fastload._units import check_int
 from fastload.errors import FastloadError, InvalidArgumentError, WorkerError
 from fastload.loader._collate import BufferReleaser
-from fastload.loader._cursor import EpochCursor
 from fastload.loader._dataset import Dataset
 from fastload.loader._device import prefetch_to_device, resolve_device
-from fastload.loader._partition import Partition
 from fastload.loader._progress import WorkerProgress
 from fastload.loader._stream import BatchMeta, BatchStream
+from fastload.loader.order._cursor import EpochCursor
+from fastload.loader.order._partition import Partition
 
 __all__ = ["DataLoader"]
 
@@ -84,7 +84,7 @@ class DataLoader:
       ``generator`` are not accepted (use ``torch.utils.data.DataLoader`` with the map-style
       dataset to bring your own sampler).
     * ``batch_size`` is per rank; ``drop_last`` applies to the global step (see
-      :mod:`fastload.loader._partition`): by default the last global step is split evenly over the
+      :mod:`fastload.loader.order._partition`): by default the last global step is split evenly over the
       ranks, padding at most ``world_size - 1`` repeated samples (counted in :meth:`stats`).
     * ``collate_fn`` runs inside the workers on the list of processed samples.
     * ``in_order`` must stay ``True`` (exact resumption needs the batches in step order).
@@ -233,7 +233,7 @@ class DataLoader:
 
     @property
     def partition(self) -> Partition:
-        """The :class:`~fastload.loader._partition.Partition` of an epoch on this job."""
+        """The :class:`~fastload.loader.order._partition.Partition` of an epoch on this job."""
         return self._stream.partition
 
     @property
@@ -269,7 +269,7 @@ class DataLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """The resumable position: small, O(1) in the dataset size, taken in the main process
-        (the layout: :mod:`fastload.loader._cursor`).
+        (the layout: :mod:`fastload.loader.order._cursor`).
 
         ``step`` counts the global steps of ``epoch`` whose batches this loader has handed to the
         training loop (a batch counts once it is yielded).
@@ -431,7 +431,7 @@ class DataLoader:
 
     def stats(self) -> dict[str, float | int]:
         """Counters since the loader was made (or since :meth:`reset_stats`); see
-        :meth:`fastload.loader._stats.LoaderStats.report` for the keys. A mix
+        :meth:`fastload.loader.order._stats.LoaderStats.report` for the keys. A mix
         (:func:`fastload.mix`) adds ``samples[<source name>]``: samples delivered per source."""
         report = self._cursor.report()
         for name, n in zip(self.dataset.source_names, self._source_samples, strict=True):

@@ -9,11 +9,11 @@ from typing import Any, Literal
 from fastload.errors import InvalidArgumentError
 from fastload.formats import MANIFEST_NAME, read_manifest
 from fastload.loader._dataset import Dataset
-from fastload.loader._order import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW
+from fastload.loader._options import DEFAULT_PREFETCH_SHARDS, ReadOptions, StoreOptions
 from fastload.loader._select import Transform
-from fastload.loader._shards import DEFAULT_PREFETCH_SHARDS
 from fastload.loader._wds import is_shard_pattern, open_shard_urls
-from fastload.storage import DEFAULT_CACHE_SIZE, Store, open_store, wrap_store
+from fastload.loader.order._order import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW, OrderOptions
+from fastload.storage import DEFAULT_CACHE_SIZE, Store
 
 __all__ = ["open_dataset"]
 
@@ -95,49 +95,19 @@ def open_dataset(
         ManifestError: The manifest is malformed.
         InvalidArgumentError: An option is invalid, or the format is unknown.
     """
-    options_of_dataset: dict[str, Any] = {
-        "shuffle": shuffle,
-        "seed": seed,
-        "decode": decode,
-        "transform": transform,
-        "fields": fields,
-        "on_error": on_error,
-        "block_size": block_size,
-        "window": window,
-        "max_open_shards": max_open_shards,
-        "prefetch_shards": prefetch_shards,
-    }
+    order = OrderOptions(shuffle, seed, block_size, window)
+    reading = ReadOptions(decode, transform, fields, on_error, max_open_shards, prefetch_shards)  # type: ignore[arg-type]
+    sources = StoreOptions(store_options, cache_dir, cache_size)
     if is_shard_pattern(url) or not isinstance(url, Store | str | os.PathLike):
         if not isinstance(url, str | Sequence):
             raise InvalidArgumentError(
                 "open_dataset takes a dataset URL, a Store, a brace pattern of shard URLs or a "
                 f"list of shard URLs, got {type(url).__name__}"
             )
-        return open_shard_urls(
-            url,
-            store_options=store_options,
-            cache_dir=cache_dir,
-            cache_size=cache_size,
-            **options_of_dataset,
-        )
-    if isinstance(url, Store):
-        if store_options:
-            raise InvalidArgumentError("store_options apply only when url is a URL, not a Store")
-        store = (
-            url
-            if cache_dir is None
-            else wrap_store(url, cache_dir=cache_dir, cache_size=cache_size)
-        )
-    else:
-        options = dict(store_options or {})
-        for name in ("cache_dir", "cache_size"):
-            if name in options:
-                raise InvalidArgumentError(
-                    f"pass {name} to open_dataset itself, not in store_options"
-                )
-        store = open_store(url, cache_dir=cache_dir, cache_size=cache_size, **options)
+        return open_shard_urls(url, sources=sources, order=order, reading=reading)
+    store = sources.open(url)
     # The manifest decides what the shards are: read it from the store, never from a cache.
     source = store.uncached
     manifest = read_manifest(source, "")
     manifest.resolve_format(url=source.child_url(MANIFEST_NAME))  # fail early, naming the manifest
-    return Dataset(store, manifest, **options_of_dataset)
+    return Dataset(store, manifest, order=order, reading=reading)

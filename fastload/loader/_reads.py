@@ -1,7 +1,7 @@
 """Reading one batch's samples: planned by arithmetic, sorted for locality, run ahead in threads.
 
 Which samples rank ``r``'s batch of global step ``s`` holds is :meth:`~fastload.loader.
-Partition.positions` mapped through the epoch's :class:`~fastload.loader._order.EpochOrder`, then
+Partition.positions` mapped through the epoch's :class:`~fastload.loader.order._order.EpochOrder`, then
 located in their shards (:meth:`BatchReads.plan`). The reads of one batch are sorted by (shard,
 position) and split over a small pool of reader threads, one pool per process, each thread with
 its own open shard readers (:meth:`BatchReads.submit`), so that while one batch is decoded the
@@ -24,9 +24,9 @@ import numpy as np
 import numpy.typing as npt
 
 from fastload._lazy import PerProcess
-from fastload.loader._partition import Partition
 from fastload.loader._progress import ProgressTable, read_slot_initializer
 from fastload.loader._shards import SampleOrder, ShardedDataset
+from fastload.loader.order._partition import Partition
 from fastload.storage import Store
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 :class:`ShardedDataset` is everything a dataset knows without torch's dataset protocols: the shard
 list and the location of every sample (dataset index -> shard and position), the epoch order
-(:class:`~fastload.loader._order.EpochOrder`), raw reads through per-thread shard readers, the
+(:class:`~fastload.loader.order._order.EpochOrder`), raw reads through per-thread shard readers, the
 ``on_error`` policy for corrupt samples, and the ``decode``/``transform``/``fields`` steps. The
 batch stream (:mod:`fastload.loader._stream`) is built on it; :class:`fastload.loader.Dataset`
 adds the map-style and iterable forms on top.
@@ -13,13 +13,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, Protocol, Self
+from collections.abc import Mapping
+from typing import Any, Protocol, Self
 
 import numpy as np
 import numpy.typing as npt
 
-from fastload._units import check_int
 from fastload.errors import (
     CorruptDataError,
     FormatError,
@@ -29,25 +28,17 @@ from fastload.errors import (
 )
 from fastload.formats import DAMAGED_SHARD_REMEDY, ErrorPolicy, Format, OnError, get_format
 from fastload.formats.manifest import Manifest
-from fastload.loader._order import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW, ORDER_VERSION, EpochOrder
+from fastload.loader._options import ReadOptions
 from fastload.loader._readers import ReaderCache, ReaderSlot, close_quietly, default_capacity
-from fastload.loader._seeds import RNG_SEED_KEY, check_seed
-from fastload.loader._select import ToTuple, Transform
+from fastload.loader._select import ToTuple
+from fastload.loader.order._order import EpochOrder, OrderOptions, computes_order_version
+from fastload.loader.order._seeds import RNG_SEED_KEY, check_seed
 from fastload.storage import Store
 
-__all__ = [
-    "DEFAULT_PREFETCH_SHARDS",
-    "NOT_DATA_ERRORS",
-    "SampleOrder",
-    "ShardedDataset",
-    "sample_nbytes",
-]
+__all__ = ["NOT_DATA_ERRORS", "SampleOrder", "ShardedDataset", "sample_nbytes"]
 
 log = logging.getLogger("fastload.loader")
 
-#: Shards each reading process asks a caching store to fetch ahead of its reads (see
-#: :func:`~fastload.loader.open_dataset`, ``prefetch_shards``).
-DEFAULT_PREFETCH_SHARDS = 2
 IntArray = npt.NDArray[np.int64]
 #: Errors of ``decode`` that are not about the sample's bytes (a missing package, a refused
 #: pickle): they raise under every ``on_error`` policy instead of skipping every sample.
@@ -56,7 +47,7 @@ NOT_DATA_ERRORS = (MissingDependencyError, UnsafeDataError)
 
 class SampleOrder(Protocol):
     """What the batch stream needs of an epoch's order: positions -> dataset indices (an
-    :class:`~fastload.loader._order.EpochOrder`, or a mix's order)."""
+    :class:`~fastload.loader.order._order.EpochOrder`, or a mix's order)."""
 
     def indices(self, positions: npt.ArrayLike) -> IntArray:
         """Dataset indices of epoch positions (what :meth:`ShardedDataset.locate` takes)."""
@@ -77,7 +68,7 @@ def sample_nbytes(sample: Mapping[str, Any]) -> int:
 
 def _keeps_field_names(decode: Any) -> bool:
     """Whether samples reach the ``fields`` selection with the field names of the shards."""
-    from fastload.loader.decode import Decoder
+    from fastload.loader.images._decode import Decoder
 
     return decode is None or isinstance(decode, Decoder)
 
@@ -125,60 +116,25 @@ class ShardedDataset:
         manifest: Manifest,
         *,
         prefix: str = "",
-        shuffle: bool = True,
-        seed: int = 0,
-        decode: Callable[[dict[str, Any]], Any] | str | Literal[False] | None = None,
-        transform: Transform | None = None,
-        fields: Sequence[str] | str | None = None,
-        on_error: str = "raise",
-        block_size: int | None = DEFAULT_BLOCK_SIZE,
-        window: int = DEFAULT_WINDOW,
-        max_open_shards: int | None = None,
-        prefetch_shards: int = DEFAULT_PREFETCH_SHARDS,
+        order: OrderOptions = OrderOptions(),  # noqa: B008 (frozen: one shared default is fine)
+        reading: ReadOptions = ReadOptions(),  # noqa: B008
     ) -> None:
-        ErrorPolicy(on_error)  # validates
-        if decode is False:  # webdataset users write decode=False for "keep the bytes"
-            decode = None
-        if isinstance(decode, str):
-            from fastload.loader.decode import Decoder
-
-            decode = Decoder(image=decode)  # type: ignore[arg-type]
-        if decode is not None and not callable(decode):
-            raise InvalidArgumentError(
-                "decode must be a callable taking a sample dict, or an image mode for "
-                f"fastload.loader.decode.Decoder ('rgb8', 'torch', ...), got {decode!r}"
-            )
-        if transform is not None and not (callable(transform) or isinstance(transform, Mapping)):
-            raise InvalidArgumentError(
-                "transform must be a callable or a mapping field name -> callable, got "
-                f"{type(transform).__name__}"
-            )
-        if isinstance(transform, Mapping):
-            for name, fn in transform.items():
-                if not callable(fn):
-                    raise InvalidArgumentError(f"transform[{name!r}] is not callable: {fn!r}")
-        if max_open_shards is not None:
-            max_open_shards = check_int("max_open_shards", max_open_shards, minimum=1)
-        prefetch_shards = check_int("prefetch_shards", prefetch_shards)
         self.store = store
         self.prefix = prefix.strip("/")
         self.manifest = manifest
         self.format_name = manifest.format
-        self.shuffle = bool(shuffle)
-        self.seed = check_seed("seed", seed)
-        self.block_size = block_size
-        self.window = window
-        EpochOrder([1], seed=self.seed, block_size=block_size, window=window)  # validates options
-        self.decode = decode
-        self.transform = transform
-        if isinstance(fields, str):
-            fields = (fields,)
-        self.select: ToTuple | None = ToTuple(*fields) if fields is not None else None
-        if self.select is not None and transform is None and _keeps_field_names(decode):
+        self.shuffle, self.seed = order.shuffle, order.seed
+        self.block_size, self.window = order.block_size, order.window
+        self.decode, self.transform, self.select = (
+            reading.decoder,
+            reading.transform,
+            reading.select,
+        )
+        if self.select is not None and self.transform is None and _keeps_field_names(self.decode):
             _check_fields(self.select, manifest)
-        self.on_error: OnError = on_error  # type: ignore[assignment]
-        self.max_open_shards = max_open_shards
-        self.prefetch_shards = prefetch_shards
+        self.on_error: OnError = reading.on_error
+        self.max_open_shards = reading.max_open_shards
+        self.prefetch_shards = reading.prefetch_shards
         self.shard_keys = [self._key(s.name) for s in manifest.shards]
         self.index_keys = [self._key(s.index) if s.index else None for s in manifest.shards]
         self.shard_sizes: IntArray = np.asarray(
@@ -283,13 +239,23 @@ class ShardedDataset:
 
     def order_options(self) -> dict[str, Any]:
         """The options that define the epoch order (they go into loader state dicts)."""
-        return {
-            "order_version": ORDER_VERSION,
-            "shuffle": self.shuffle,
-            "seed": self.seed,
-            "block_size": self.block_size,
-            "window": self.window,
-        }
+        return OrderOptions(self.shuffle, self.seed, self.block_size, self.window).state()
+
+    def continues_order(self, version: object) -> bool:
+        """Whether a state saved with epoch-order ``version`` continues exactly here (this
+        fastload orders this dataset's epochs as that version did)."""
+        return isinstance(version, int) and computes_order_version(
+            version, self.shard_sizes, shuffle=self.shuffle, block_size=self.block_size
+        )
+
+    def node_stats(self) -> dict[str, int]:
+        """The counters of the one node cache the samples are read through (without
+        ``cached_bytes``, a directory walk); empty when there is none, or several (a mix whose
+        sources use several caches)."""
+        caches = {s.cache_dir: s for s in self.stores if s.cache_dir is not None}
+        if len(caches) != 1:
+            return {}
+        return next(iter(caches.values())).node_stats(cached_bytes=False)
 
     def __len__(self) -> int:
         return self.num_samples
@@ -332,7 +298,7 @@ class ShardedDataset:
     # ---- order and location -----------------------------------------------------------------
 
     def order(self, epoch: int) -> SampleOrder:
-        """The global order of ``epoch`` (an :class:`~fastload.loader._order.EpochOrder`)."""
+        """The global order of ``epoch`` (an :class:`~fastload.loader.order._order.EpochOrder`)."""
         return EpochOrder(
             self.shard_sizes.tolist(),
             seed=self.seed,
@@ -440,7 +406,7 @@ class ShardedDataset:
         :class:`~fastload.loader.decode.Decoder` (which copies what it decodes and passes the
         rest through). The batch stream then asks for views only with its default collation,
         which copies byte fields into the batch buffer."""
-        from fastload.loader.decode import Decoder
+        from fastload.loader.images._decode import Decoder
 
         return self.transform is None and (self.decode is None or type(self.decode) is Decoder)
 

@@ -2,9 +2,9 @@
 
 A :class:`BatchStream` yields the batches of one rank for one epoch, in global-step order, each one
 collated inside the worker that produced it (one inter-process message per batch, not per sample).
-Which batches a (rank, worker) produces is pure arithmetic (:class:`~fastload.loader._partition.
+Which batches a (rank, worker) produces is pure arithmetic (:class:`~fastload.loader.order._partition.
 Partition`), and which samples a batch holds comes from the epoch's global order
-(:class:`~fastload.loader._order.EpochOrder`): no communication, no shared state but the epoch
+(:class:`~fastload.loader.order._order.EpochOrder`): no communication, no shared state but the epoch
 number and the step to start from.
 
 Inside a worker, reads run ahead: while batch ``k`` is decoded, reader threads already read the
@@ -55,7 +55,6 @@ from fastload.errors import FastloadError, FormatError, InvalidArgumentError, Wo
 from fastload.loader._collate import collate_batch, default_collate, empty_like_batch
 from fastload.loader._dist import detect_rank_world
 from fastload.loader._lookahead import ShardLookahead
-from fastload.loader._partition import Partition
 from fastload.loader._progress import ProgressTable, WorkerProgress
 from fastload.loader._reads import (
     DEFAULT_IO_THREADS,
@@ -64,9 +63,10 @@ from fastload.loader._reads import (
     PlannedBatch,
     default_io_threads,
 )
-from fastload.loader._seeds import RNG_SEED_KEY, check_seed, seed_global_rngs
 from fastload.loader._shards import NOT_DATA_ERRORS, ShardedDataset, sample_nbytes
 from fastload.loader._shm_pool import BufferPool, set_buffer_pool
+from fastload.loader.order._partition import Partition
+from fastload.loader.order._seeds import RNG_SEED_KEY, check_seed, seed_global_rngs
 
 __all__ = [
     "DEFAULT_IO_THREADS",
@@ -121,7 +121,7 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
             from it).
         batch_size: Samples per batch on this rank (``B``); the global batch is ``B x world_size``.
         drop_last: Drop the incomplete last global step instead of padding (see
-            :mod:`fastload.loader._partition`).
+            :mod:`fastload.loader.order._partition`).
         collate_fn: ``list of samples -> batch``; default :func:`default_collate`.
         rank: This rank; ``None``: ``torch.distributed``'s or the launcher's (``detect_launch``).
         world_size: Number of ranks; ``None``: detected likewise.

@@ -15,7 +15,6 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from fastload.errors import FormatError, InvalidArgumentError, ObjectNotFoundError
 from fastload.formats import Manifest, ShardEntry, ShardNames, get_format
@@ -27,8 +26,9 @@ from fastload.formats.webdataset import (
     parse_index,
 )
 from fastload.loader._dataset import Dataset
+from fastload.loader._options import ReadOptions, StoreOptions
+from fastload.loader.order._order import OrderOptions
 from fastload.storage import (
-    DEFAULT_CACHE_SIZE,
     DEFAULT_READ_CHUNK,
     ByteRange,
     ObjectMeta,
@@ -36,7 +36,6 @@ from fastload.storage import (
     WrapperStore,
     check_range,
     open_store,
-    wrap_store,
 )
 
 __all__ = [
@@ -269,18 +268,17 @@ def shard_list_manifest(store: Store, keys: Sequence[str]) -> tuple[Manifest, di
 def open_shard_urls(
     urls: str | Sequence[str],
     *,
-    store_options: Mapping[str, Any] | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    cache_size: int | str = DEFAULT_CACHE_SIZE,
-    **dataset_options: Any,
+    sources: StoreOptions,
+    order: OrderOptions,
+    reading: ReadOptions,
 ) -> Dataset:
     """A :class:`~fastload.loader.Dataset` over shard URLs (a brace pattern or a list), indexed
     on the fly (see :func:`shard_list_manifest` for what is read and checked).
 
     The shards must share one store root (a directory, a bucket prefix). Shards without an
     ``.idx`` get one built in memory from their headers (they then have random access, like
-    indexed shards); compressed shards are read in order. ``dataset_options`` are
-    :class:`~fastload.loader.Dataset`'s (``shuffle``, ``seed``, ``decode``, ...).
+    indexed shards); compressed shards are read in order. The options are
+    :func:`~fastload.loader.open_dataset`'s.
 
     Opening reads every shard's index, or its headers (a header scan reads the tar's header
     blocks, seeking over the data where the store allows), so for many shards without indexes,
@@ -288,13 +286,7 @@ def open_shard_urls(
     """
     expanded = expand_shard_urls(urls)
     root, keys = _split_root(expanded)
-    options = dict(store_options or {})
-    for name in ("cache_dir", "cache_size"):
-        if name in options:
-            raise InvalidArgumentError(f"pass {name} to open_dataset itself, not in store_options")
-    base = open_store(root, **options)
-    manifest, built = shard_list_manifest(base, keys)
+    base = open_store(root, **(sources.store_options or {}))  # the cache goes in front of the
+    manifest, built = shard_list_manifest(base, keys)  # indexes built here, not of the base
     store: Store = _BuiltIndexStore(base, built) if built else base
-    if cache_dir is not None:
-        store = wrap_store(store, cache_dir=cache_dir, cache_size=cache_size)
-    return Dataset(store, manifest, **dataset_options)
+    return Dataset(sources.cache(store), manifest, order=order, reading=reading)

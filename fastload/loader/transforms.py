@@ -48,8 +48,10 @@ dispatch in ``_image_fields``, :class:`Normalize` in ``_normalize`` and the othe
 classes in ``_image_transforms``; this module is their public face.
 """
 
-from fastload.loader._geometry import CropBox, center_crop_box, random_resized_crop_box
-from fastload.loader._image_transforms import (
+from fastload.loader.images._geometry import CropBox, center_crop_box, random_resized_crop_box
+from fastload.loader.images._normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
+from fastload.loader.images._pixels import Interpolation
+from fastload.loader.images._transforms import (
     CenterCrop,
     Compose,
     ImageEvalTransform,
@@ -58,9 +60,7 @@ from fastload.loader._image_transforms import (
     RandomResizedCrop,
     Resize,
 )
-from fastload.loader._normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
-from fastload.loader._pixels import Interpolation
-from fastload.loader._sample_rng import RNG_SEED_KEY, rng_for, sample_rng
+from fastload.loader.order._sample_rng import RNG_SEED_KEY, rng_for, sample_rng
 
 __all__ = [
     "IMAGENET_MEAN",

@@ -127,6 +127,18 @@ class Store(ABC):
         return self
 
     @property
+    def cache_dir(self) -> str | None:
+        """The node-local directory of the cache this store reads through, shared by every
+        process of the node that uses it; ``None`` for a store without a cache."""
+        return None
+
+    def node_stats(self, *, cached_bytes: bool = True) -> dict[str, int]:
+        """Counters of the node's cache (:attr:`cache_dir`) summed over every process that used
+        it; empty for a store without a cache. ``cached_bytes=False`` leaves out the one
+        counter that costs a directory walk."""
+        return {}
+
+    @property
     def shared_across_processes(self) -> bool:
         """A copy of the store in another process (pickled, or opened from the same URL) sees
         the same objects, including those written after the copy was made. False for

@@ -82,6 +82,13 @@ class WrapperStore(Store):
         return self._store.evicts_local_files
 
     @property
+    def cache_dir(self) -> str | None:
+        return self._store.cache_dir
+
+    def node_stats(self, *, cached_bytes: bool = True) -> dict[str, int]:
+        return self._store.node_stats(cached_bytes=cached_bytes)
+
+    @property
     def shared_across_processes(self) -> bool:
         return self._store.shared_across_processes
 

@@ -225,7 +225,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import fastload
     from fastload.loader import detect_launch
-    from fastload.storage import CachingStore
 
     save_at, kill_at = _parse_at(args.save_at, 2), _parse_at(args.kill_at, 3)
     dist.init_process_group("gloo")
@@ -244,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         fields=("__key__", "cls"),
     )
     store = ds.store
-    if not isinstance(store, CachingStore):
+    if store.cache_dir is None:
         raise SystemExit(f"expected the dataset to read through a cache, got {store!r}")
     loader = fastload.DataLoader(ds, batch_size=args.batch_size, num_workers=args.workers)
     if args.resume is not None:

@@ -14,7 +14,7 @@ import pytest
 
 import fastload
 from fastload.errors import InvalidArgumentError
-from fastload.loader import Dataset
+from fastload.loader import BatchStream, Dataset
 from fastload.storage import CachingStore, LocalStore
 
 pytestmark = pytest.mark.timeout(120)
@@ -126,7 +126,7 @@ def test_each_worker_prefetches_its_next_shards_in_order(
         fields=("__key__", "cls"),
     )
     index = {key: shard for shard, key in enumerate(ds.shard_keys)}
-    stream = ds.batches(10, epoch=3, rank=0, world_size=1, io_threads=0)
+    stream = BatchStream(ds, 10, epoch=3, rank=0, world_size=1, io_threads=0)
     for worker in range(num_workers):
         requests: list[list[str]] = []
         ds.store.prefetch = requests.append  # type: ignore[method-assign]
@@ -163,7 +163,7 @@ def test_prefetch_can_be_turned_off(remote: Path, tmp_path: Path) -> None:
     ds = fastload.open_dataset(remote, cache_dir=tmp_path / "cache", prefetch_shards=0)
     requests: list[list[str]] = []
     ds.store.prefetch = requests.append  # type: ignore[method-assign]
-    list(ds.batches(10, rank=0, world_size=1, io_threads=0).generate())
+    list(BatchStream(ds, 10, rank=0, world_size=1, io_threads=0).generate())
     assert requests == []
     with pytest.raises(InvalidArgumentError, match="prefetch_shards"):
         fastload.open_dataset(remote, prefetch_shards=-1)

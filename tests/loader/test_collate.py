@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import fastload.loader as fl
 from fastload.errors import InvalidArgumentError
-from fastload.loader import PackedBytes, default_collate, pack_bytes
+from fastload.loader import BatchStream, PackedBytes, default_collate, pack_bytes
 from fastload.loader._collate import empty_like_batch
 from fastload.loader._shm_pool import POOL_MIN_BYTES
 
@@ -206,7 +206,7 @@ def test_pinned_loader_and_plain_torch_loader_get_packed_bytes(
     for keys, payload in fl.DataLoader(ds, batch_size=4, num_workers=2, pin_memory=True):
         assert payload == [_expected_payload(k) for k in keys]
         got += keys
-    stream = ds.batches(4)
+    stream = BatchStream(ds, 4)
     for keys, payload in torch.utils.data.DataLoader(stream, batch_size=None, num_workers=2):
         assert isinstance(payload, PackedBytes)
         assert payload == [_expected_payload(k) for k in keys]

@@ -18,7 +18,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from fastload.loader._jpeg import DCT_SCALES, MIN_DECODED_PER_OUTPUT, dct_scale, decode_at_scale
+from fastload.loader.images._jpeg import (
+    DCT_SCALES,
+    MIN_DECODED_PER_OUTPUT,
+    dct_scale,
+    decode_at_scale,
+)
 from fastload.loader.transforms import ImageTrainTransform, random_resized_crop_box, sample_rng
 from fastload.testing.corpus import make_image
 

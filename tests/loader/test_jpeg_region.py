@@ -1,4 +1,4 @@
-"""The native region decoder (``fastload.loader._jpegroi``, setup.py): same pixels as a whole
+"""The native region decoder (``fastload.loader.images._jpegroi``, setup.py): same pixels as a whole
 decode, for every layout libjpeg-turbo handles, and the same transform outputs with it or without.
 """
 
@@ -14,9 +14,9 @@ import simplejpeg
 import torch
 from PIL import Image
 
-import fastload.loader._jpeg as jpeg
+import fastload.loader.images._jpeg as jpeg
 from fastload.errors import CorruptDataError
-from fastload.loader._jpeg import (
+from fastload.loader.images._jpeg import (
     DCT_SCALES,
     decode_at_scale,
     decode_region_for_box,
@@ -35,7 +35,7 @@ from fastload.testing.corpus import make_image
 @pytest.fixture(autouse=True)
 def _built() -> None:
     need(
-        "the native JPEG region decoder (fastload.loader._jpegroi)",
+        "the native JPEG region decoder (fastload.loader.images._jpegroi)",
         region_decoder_available(),
         "install a C compiler and libjpeg-turbo's headers (tools/system-deps.sh: gcc, "
         "libjpeg62-turbo-dev), then reinstall fastload (pip install -e .)",

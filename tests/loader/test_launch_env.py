@@ -18,7 +18,14 @@ import fastload
 import fastload.loader._dist as dist_module
 from fastload.dali._backend import local_rank
 from fastload.errors import InvalidArgumentError, LaunchEnvironmentError
-from fastload.loader import Launch, TokenLoader, detect_launch, detect_rank_world, open_tokens
+from fastload.loader import (
+    BatchStream,
+    Launch,
+    TokenLoader,
+    detect_launch,
+    detect_rank_world,
+    open_tokens,
+)
 from fastload.loader._launch import LAUNCH_VARIABLES, parse_environment, tasks_per_node
 from fastload.storage import LocalStore
 from fastload.testing import need
@@ -319,7 +326,7 @@ def test_the_loaders_take_the_launchers_place(
     loader = fastload.DataLoader(ds, batch_size=2)
     assert (loader.rank, loader.world_size) == (1, 3)
     assert len(loader) == 2  # ceil(12 / 6)
-    assert (ds.batches(2).rank, ds.batches(2).world_size) == (1, 3)
+    assert (BatchStream(ds, 2).rank, BatchStream(ds, 2).world_size) == (1, 3)
     mixed = fastload.mix([(ds, 1), (fake.make_dataset([4]), 1)])
     assert fastload.DataLoader(mixed, batch_size=2).world_size == 3
     store = LocalStore(tmp_path)

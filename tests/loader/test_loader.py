@@ -14,7 +14,8 @@ import torch
 
 import fastload.loader as fl
 from fastload.errors import InvalidArgumentError, WorkerError
-from fastload.loader._order import ORDER_VERSION
+from fastload.loader import BatchStream
+from fastload.loader.order._order import ORDER_VERSION
 
 
 def keys_of(batches: list[Any]) -> list[str]:
@@ -287,7 +288,7 @@ def test_plain_torch_dataloader_over_both_forms(fake: SimpleNamespace) -> None:
     ds = fake.make_dataset([4, 3], fields=("__key__",))
     mapped = torch.utils.data.DataLoader(ds, batch_size=3, shuffle=True)
     assert sorted(k for (keys,) in mapped for k in keys) == sorted(fake.all_keys([4, 3]))
-    stream = ds.batches(3, rank=0, world_size=1)
+    stream = BatchStream(ds, 3, rank=0, world_size=1)
     plain = torch.utils.data.DataLoader(stream, batch_size=None)
     assert len(plain) == 3
     assert sorted(k for (keys,) in plain for k in keys) == sorted(fake.all_keys([4, 3]))

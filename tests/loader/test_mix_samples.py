@@ -24,7 +24,7 @@ import fastload
 import fastload.loader as fl
 from fastload.errors import InvalidArgumentError
 from fastload.formats import read_manifest, write_manifest
-from fastload.loader._seeds import RNG_SEED_KEY
+from fastload.loader.order._seeds import RNG_SEED_KEY
 from fastload.testing.resume import Layout, check_resume
 
 pytestmark = [pytest.mark.timeout(300)]

@@ -1,4 +1,4 @@
-"""The mixing arithmetic (fastload.loader._mix_schedule): counts, pattern, position map, states.
+"""The mixing arithmetic (fastload.loader.mix._schedule): counts, pattern, position map, states.
 
 Properties over random weights, source sizes, epoch sizes and batch layouts: every window of
 ``M`` positions holds exactly ``c_i`` of source ``i``; every run of positions holds its share up
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from fastload.errors import InvalidArgumentError
 from fastload.loader import MixRoundingWarning, Partition
-from fastload.loader._mix_schedule import (
+from fastload.loader.mix._schedule import (
     MAX_AUTO_WINDOW,
     MixPlan,
     check_mix_state,

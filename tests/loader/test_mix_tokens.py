@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 import fastload
 from fastload.errors import InvalidArgumentError
 from fastload.loader import MixedTokens, Partition
-from fastload.loader._token_source import TokenBatch, TokenSource
-from fastload.loader._tokens import open_tokens
-from fastload.loader._tokens_loader import TokenLoader
+from fastload.loader.tokens._dataset import open_tokens
+from fastload.loader.tokens._loader import TokenLoader
+from fastload.loader.tokens._source import TokenBatch, TokenSource
 from fastload.testing.resume import Layout, check_resume
 from fastload.testing.tokens import write_token_dataset
 
@@ -56,6 +56,12 @@ class ArraySource:
 
     def order_options(self) -> dict[str, Any]:
         return {"seed": self.seed}
+
+    def continues_order(self, version: object) -> bool:
+        return True
+
+    def node_stats(self) -> dict[str, int]:
+        return {}
 
     def sequences(
         self, epoch: int, positions: npt.NDArray[np.int64], *, with_starts: bool = False

@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastload.errors import InvalidArgumentError
-from fastload.loader import EpochOrder, Partition, _permute
-from fastload.loader._order import ORDER_VERSION, computes_order_version
+from fastload.loader import EpochOrder, Partition
+from fastload.loader.order import _permute
+from fastload.loader.order._order import ORDER_VERSION, computes_order_version
 
 sizes_st = st.lists(st.integers(0, 40), min_size=1, max_size=8)
 #: The block permutations: NumPy's table (small datasets) and the Feistel network (large ones).

@@ -1,4 +1,4 @@
-"""The keyed block permutations of the epoch order (fastload.loader._permute)."""
+"""The keyed block permutations of the epoch order (fastload.loader.order._permute)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fastload.loader._permute import (
+from fastload.loader.order._permute import (
     TABLE_LIMIT,
     FeistelPermutation,
     TablePermutation,

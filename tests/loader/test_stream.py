@@ -335,11 +335,11 @@ def test_map_style_dataset(fake: SimpleNamespace) -> None:
 def test_batches_rejects_bad_options(fake: SimpleNamespace) -> None:
     ds = fake.make_dataset([3])
     with pytest.raises(InvalidArgumentError):
-        ds.batches(0)
+        BatchStream(ds, 0)
     with pytest.raises(InvalidArgumentError):
-        ds.batches(2, rank=2, world_size=2)
+        BatchStream(ds, 2, rank=2, world_size=2)
     with pytest.raises(InvalidArgumentError):
-        ds.batches(2, io_threads=-1)
+        BatchStream(ds, 2, io_threads=-1)
 
 
 @pytest.mark.parametrize("io_threads", [0, 3])
@@ -350,7 +350,7 @@ def test_progress_records_each_read_where_it_happens(
     reported with the sample being read: reads run ahead of decoding (between batches, or in the
     reader threads), so the record of the sample being decoded names another one."""
     ds = fake.make_dataset([7, 9], shuffle=False)
-    stream = ds.batches(3, rank=0, world_size=1, io_threads=io_threads, prefetch_batches=1)
+    stream = BatchStream(ds, 3, rank=0, world_size=1, io_threads=io_threads, prefetch_batches=1)
     stream.track_progress(1)
     seen_reads: list[tuple[int, int, set[tuple[int, int]]]] = []  # (shard, pos, reads recorded)
     seen_decodes: list[tuple[int, int]] = []  # (dataset index of the sample, index recorded)

@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 
 from fastload.errors import CorruptDataError, InvalidArgumentError, ManifestError
 from fastload.formats import read_manifest, write_manifest
-from fastload.loader._token_source import TokenSource
-from fastload.loader._tokens import TokenDataset, open_tokens
-from fastload.loader._tokens_loader import TokenLoader
+from fastload.loader.tokens._dataset import TokenDataset, open_tokens
+from fastload.loader.tokens._loader import TokenLoader
+from fastload.loader.tokens._source import TokenSource
 from fastload.storage import LocalStore, MemoryStore, Store
 from fastload.testing.resume import Layout, check_resume
 from fastload.testing.tokens import WrittenTokens, write_token_dataset

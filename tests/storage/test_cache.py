@@ -244,16 +244,16 @@ class BudgetProbe(WrapperStore):
 
     def __init__(self, store: Store, cache_dir: Path, log: str) -> None:
         super().__init__(store)
-        self.cache_dir, self.log = cache_dir, log
+        self.probe_dir, self.log = cache_dir, log
 
     def open_reader(self, key: str, *, chunk_size: int = DEFAULT_READ_CHUNK) -> io.BufferedIOBase:
         held = 0
         # Under the cache's eviction lock, so no eviction + reservation happens mid-scan (a fill
         # finishing mid-scan can only make this undercount).
-        lock = open(self.cache_dir / "evict.lock", "a")  # noqa: SIM115
+        lock = open(self.probe_dir / "evict.lock", "a")  # noqa: SIM115
         fcntl.flock(lock, fcntl.LOCK_EX)
         for sub in ("objects", "tmp"):
-            for p in (self.cache_dir / sub).rglob("*"):
+            for p in (self.probe_dir / sub).rglob("*"):
                 if ".json" in p.name:  # metadata files (and their temporaries) are not budgeted
                     continue
                 try:
@@ -504,3 +504,10 @@ def test_capabilities_of_a_cache_a_local_store_and_a_wrapper(
     assert retried.local_root == remote.root
     assert cache.local_root is None
     assert cache.uncached.local_root == remote.root
+    # The node's cache: asked of the store (and through a wrapper), never of its class.
+    assert cache.cache_dir == str(tmp_path / "cache")
+    assert RetryStore(cache).cache_dir == cache.cache_dir
+    assert remote.cache_dir is None
+    assert retried.cache_dir is None
+    assert remote.node_stats() == {}
+    assert RetryStore(cache).node_stats(cached_bytes=False) == cache.node_stats(cached_bytes=False)

@@ -107,6 +107,6 @@ def center_crop_box(height: int, width: int, size: tuple[int, int], resize: int 
 
 def pil_box(box: CropBox) -> tuple[float, float, float, float]:
     """``box`` as the float ``(left, top, right, bottom)`` that Pillow's ``resize(box=...)`` and
-    the resize kernels of :mod:`fastload.loader._pixels` take."""
+    the resize kernels of :mod:`fastload.loader.images._pixels` take."""
     top, left, h, w = box
     return float(left), float(top), float(left + w), float(top + h)

@@ -2,8 +2,8 @@
 
 :class:`MixedDataset` presents the union of its sources' shards (source 0's shards, then source
 1's, ...) and an epoch order (:class:`MixedOrder`) that maps each position of a mix epoch, through
-:class:`~fastload.loader._mix_schedule.MixPlan`, to a source, the source's own epoch and a
-position in it, and from there through the source's own :class:`~fastload.loader._order.
+:class:`~fastload.loader.mix._schedule.MixPlan`, to a source, the source's own epoch and a
+position in it, and from there through the source's own :class:`~fastload.loader.order._order.
 EpochOrder` to one of its samples. The batch stream, partitioning, workers, resumption and
 error handling are the loader's own, unchanged.
 
@@ -34,15 +34,13 @@ import numpy.typing as npt
 from fastload._memo import BoundedMemo
 from fastload.errors import InvalidArgumentError
 from fastload.loader._dataset import Dataset
-from fastload.loader._mix_schedule import (
-    MixIdentity,
-    MixPlan,
-    source_epoch_groups,
-    unique_names,
-)
-from fastload.loader._order import ORDER_VERSION
-from fastload.loader._seeds import check_seed
 from fastload.loader._shards import SampleOrder
+from fastload.loader.mix._schedule import (
+    MixIdentity,
+    source_epoch_groups,
+)
+from fastload.loader.order._order import ORDER_VERSION
+from fastload.loader.order._seeds import check_seed
 from fastload.storage import Store
 
 __all__ = ["MixedDataset", "MixedOrder"]
@@ -132,9 +130,7 @@ class MixedDataset(MixIdentity, Dataset):
                     "fastload.open_dataset (or their URLs); a mix of mixes is one mix with the "
                     "weights multiplied out"
                 )
-        self.names = (
-            tuple(names) if names is not None else unique_names(s.url for s in self.sources)
-        )
+        self._plan_mix(counts, [s.num_samples for s in self.sources], epoch_size, seed, names)
         first = self.sources[0]
         for name, s in zip(self.names[1:], self.sources[1:]):
             if s.select != first.select:
@@ -148,10 +144,6 @@ class MixedDataset(MixIdentity, Dataset):
                     f"the sources of a mix must share one on_error policy: {self.names[0]} has "
                     f"{first.on_error!r}, {name} has {s.on_error!r}"
                 )
-        self.plan = MixPlan(
-            counts, [s.num_samples for s in self.sources], epoch_size=epoch_size, names=self.names
-        )
-        self.seed = check_seed("seed", seed)
         self._setup()
 
     def _setup(self) -> None:
@@ -206,7 +198,7 @@ class MixedDataset(MixIdentity, Dataset):
 
     @functools.cached_property
     def fingerprint(self) -> str:
-        """A hash of the sources' fingerprints (see :class:`~fastload.loader._mix_schedule.
+        """A hash of the sources' fingerprints (see :class:`~fastload.loader.mix._schedule.
         MixIdentity`)."""
         return self._data_fingerprint()
 

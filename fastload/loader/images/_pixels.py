@@ -1,7 +1,7 @@
 """Pixel work of the image transforms: inputs to HWC arrays, and crop-and-resize kernels.
 
 Two resize kernels, both taking a float ``(left, top, right, bottom)`` box of the source
-(:func:`fastload.loader._geometry.pil_box`): Pillow's filters (:data:`FILTERS`, any
+(:func:`fastload.loader.images._geometry.pil_box`): Pillow's filters (:data:`FILTERS`, any
 :data:`Interpolation`), and torch's uint8 antialiased bilinear, which is the same filter as
 Pillow's bilinear, 3-4x faster, and writes CHW directly.
 """
@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from fastload.errors import CorruptDataError, InvalidArgumentError
-from fastload.loader.decode import decode_image
+from fastload.loader.images._decode import decode_image
 
 __all__ = [
     "FILTERS",

@@ -26,18 +26,55 @@ middle of an epoch is pending raises (it would silently drop the rest of that ep
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from fastload.errors import InvalidArgumentError
-from fastload.loader._dataset import Dataset
-from fastload.loader._order import ORDER_VERSION, computes_order_version
-from fastload.loader._partition import Partition
-from fastload.loader._seeds import check_seed
-from fastload.loader._stats import LoaderStats
-from fastload.loader._token_source import TokenSource
-from fastload.storage import CachingStore
+from fastload.loader.order._order import ORDER_VERSION
+from fastload.loader.order._partition import Partition
+from fastload.loader.order._seeds import check_seed
+from fastload.loader.order._stats import LoaderStats
 
-__all__ = ["STATE_VERSION", "EpochCursor", "check_pending_resume", "parse_state_position"]
+__all__ = [
+    "STATE_VERSION",
+    "EpochCursor",
+    "Resumable",
+    "check_pending_resume",
+    "parse_state_position",
+]
+
+
+class Resumable(Protocol):
+    """What a cursor keeps a place in: a dataset of samples, or a token source.
+
+    The cursor knows nothing else of it: a state names the data (:attr:`fingerprint`) and its
+    order (:meth:`order_options`), and resumes only where :meth:`continues_order` agrees.
+    """
+
+    @property
+    def url(self) -> str:
+        """Where the data lives, for messages (no credentials)."""
+        ...
+
+    @property
+    def fingerprint(self) -> str:
+        """Identifies the data (O(1) after the first call); a state must carry the same."""
+        ...
+
+    def order_options(self) -> dict[str, Any]:
+        """The options that decide what sits at each position of an epoch; states carry them and
+        must match them."""
+        ...
+
+    def continues_order(self, version: object) -> bool:
+        """Whether a state saved with epoch-order ``version`` (its ``order_version``; 1 when it
+        has none) continues exactly: this fastload orders the epochs as that version did."""
+        ...
+
+    def node_stats(self) -> dict[str, int]:
+        """The counters of the one node cache the data is read through, for ``stats()``; empty
+        where there is none (or several)."""
+        ...
+
 
 #: Version of the ``state_dict()`` layout.
 STATE_VERSION = 1
@@ -104,9 +141,9 @@ class EpochCursor:
     """Epoch, step, pending resume, state checks and stats of one loader (see module doc).
 
     Args:
-        dataset: The loader's dataset (fingerprint, sample count and order options of states),
-            or the token loader's :class:`~fastload.loader._token_source.TokenSource` (its
-            sequences are the samples; its ``order_options()`` carry its own order version).
+        dataset: What the loader reads (fingerprint, order options and order version of
+            states): its dataset, or the token loader's
+            :class:`~fastload.loader.tokens._source.TokenSource` (its sequences are the samples).
         partition: How an epoch is split into global steps on this job.
         what: The loader's name, for messages (``"DataLoader"``).
         num_steps: Global steps of an epoch when they are not ``partition.num_steps`` (DALI's
@@ -125,7 +162,7 @@ class EpochCursor:
 
     def __init__(
         self,
-        dataset: Dataset | TokenSource,
+        dataset: Resumable,
         partition: Partition,
         *,
         what: str,
@@ -266,9 +303,7 @@ class EpochCursor:
                 "shard names, sample counts or checksums differ); resume on the same dataset"
             )
         saved_order = state.get("order_version", 1)  # states saved before order versions: 1
-        if isinstance(ds, Dataset) and not computes_order_version(
-            saved_order, ds.shard_sizes, shuffle=ds.shuffle, block_size=ds.block_size
-        ):
+        if not ds.continues_order(saved_order):
             raise InvalidArgumentError(
                 f"the state was saved with epoch order version {saved_order!r}, but this fastload "
                 f"shuffles {ds.url} with order version {ORDER_VERSION}: resuming would repeat and "
@@ -287,17 +322,12 @@ class EpochCursor:
     # ---- statistics ---------------------------------------------------------------------------
 
     def report(self, *, dropped_per_epoch: int | None = None) -> dict[str, float | int]:
-        """The ``stats()`` dictionary (keys: :meth:`~fastload.loader._stats.LoaderStats.report`);
+        """The ``stats()`` dictionary (keys: :meth:`~fastload.loader.order._stats.LoaderStats.report`);
         ``dropped_per_epoch`` defaults to the partition's."""
         dropped = self.partition.dropped if dropped_per_epoch is None else dropped_per_epoch
         out = self.stats.report(dropped_per_epoch=dropped, epoch=self.epoch, step=self.step)
-        # A node's cache: the one cache directory the dataset reads through (a mix whose sources
-        # use several caches, and token sources, have no single node figure).
-        stores = self.dataset.stores if isinstance(self.dataset, Dataset) else ()
-        caches = {s.cache_dir: s for s in stores if isinstance(s, CachingStore)}
-        if len(caches) == 1:
-            node = next(iter(caches.values())).node_stats(cached_bytes=False)
-            out.update({f"node_cache_{name}": value for name, value in node.items()})
+        node = self.dataset.node_stats()
+        out.update({f"node_cache_{name}": value for name, value in node.items()})
         return out
 
     def reset_stats(self) -> None:

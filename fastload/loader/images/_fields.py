@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from fastload.errors import CorruptDataError
-from fastload.loader._sample_rng import rng_for
-from fastload.loader.decode import DECODED_IMAGE_EXTENSIONS
+from fastload.loader.images._decode import DECODED_IMAGE_EXTENSIONS
+from fastload.loader.order._sample_rng import rng_for
 
 __all__ = ["ImageFieldTransform", "is_image_field"]
 

@@ -24,8 +24,8 @@ from collections.abc import Callable
 import numpy as np
 import simplejpeg
 
-from fastload.loader._geometry import CropBox
-from fastload.loader.decode import is_jpeg
+from fastload.loader.images._decode import is_jpeg
+from fastload.loader.images._geometry import CropBox
 
 __all__ = [
     "DCT_SCALES",
@@ -110,7 +110,7 @@ ROI_EDGE = 2
 
 
 def region_decoder_available() -> bool:
-    """Whether the native region decoder (``fastload.loader._jpegroi``, built by setup.py
+    """Whether the native region decoder (``fastload.loader.images._jpegroi``, built by setup.py
     against libjpeg-turbo) is importable here; without it whole images are decoded."""
     return _decode_region is not None
 
@@ -188,6 +188,6 @@ def decode_for_box(
 
 _decode_region: Callable[[bytes, int, int, int, int, int], bytearray] | None
 try:
-    from fastload.loader._jpegroi import decode_region as _decode_region
+    from fastload.loader.images._jpegroi import decode_region as _decode_region
 except ImportError:  # not built (no compiler or libjpeg headers at install): whole decodes
     _decode_region = None

@@ -1,8 +1,8 @@
 """A weighted mix of token sources that is itself a token source.
 
-:class:`MixedTokens` implements :class:`~fastload.loader._token_source.TokenSource` over token
+:class:`MixedTokens` implements :class:`~fastload.loader.tokens._source.TokenSource` over token
 sources of one ``seq_len``: position ``p`` of mix epoch ``e`` is the sequence that
-:class:`~fastload.loader._mix_schedule.MixPlan` assigns it (a source, the source's own epoch, a
+:class:`~fastload.loader.mix._schedule.MixPlan` assigns it (a source, the source's own epoch, a
 position in it), so the token loader partitions, loads and resumes a mix exactly as it does one
 dataset. Make one with :func:`fastload.mix`.
 """
@@ -16,31 +16,28 @@ import numpy as np
 import numpy.typing as npt
 
 from fastload.errors import InvalidArgumentError
-from fastload.loader._mix_schedule import (
+from fastload.loader.mix._schedule import (
     MixIdentity,
-    MixPlan,
     source_epoch_groups,
-    unique_names,
 )
-from fastload.loader._seeds import check_seed
-from fastload.loader._token_source import TokenBatch, TokenSource
+from fastload.loader.tokens._source import TokenBatch, TokenSource
 
 __all__ = ["MixedTokens"]
 
 
 class MixedTokens(MixIdentity):
-    """Token sources mixed by weight: a :class:`~fastload.loader._token_source.TokenSource`.
+    """Token sources mixed by weight: a :class:`~fastload.loader.tokens._source.TokenSource`.
 
     Every window of ``window`` consecutive positions (counted from the start of the run, across
     mix epochs) holds exactly ``counts[i]`` sequences of source ``i``, evenly spread (see
-    :mod:`fastload.loader._mix_schedule`); source ``i``'s sequences come in the order of its own
+    :mod:`fastload.loader.mix._schedule`); source ``i``'s sequences come in the order of its own
     epochs, each sequence once per own epoch, and a source that runs out continues with its next
     epoch. Ids are returned in the widest dtype of the sources; ``TokenBatch.sources`` gives each
     row's source number (the order of ``sources``).
 
     Args:
         sources: Token sources with the same ``seq_len``.
-        counts: Sequences of each source per window (:func:`~fastload.loader._mix_schedule.
+        counts: Sequences of each source per window (:func:`~fastload.loader.mix._schedule.
             mix_counts`).
         epoch_size: Sequences per mix epoch; ``None``: the sources' total, rounded up to a
             multiple of the window.
@@ -67,9 +64,7 @@ class MixedTokens(MixIdentity):
                     f"source {i} of a token mix is a {type(s).__name__}, not a token source; mix "
                     "token sources with token sources and datasets with datasets"
                 )
-        self.names = (
-            tuple(names) if names is not None else unique_names(s.url for s in self.sources)
-        )
+        self._plan_mix(counts, [len(s) for s in self.sources], epoch_size, seed, names)
         lengths = {s.seq_len for s in self.sources}
         if len(lengths) != 1:
             detail = ", ".join(f"{n}: {s.seq_len}" for n, s in zip(self.names, self.sources))
@@ -78,10 +73,6 @@ class MixedTokens(MixIdentity):
                 "with the same seq_len"
             )
         self._seq_len = int(lengths.pop())
-        self.plan = MixPlan(
-            counts, [len(s) for s in self.sources], epoch_size=epoch_size, names=self.names
-        )
-        self.seed = check_seed("seed", seed)
         self._dtype: np.dtype[Any] | None = None
 
     # ---- TokenSource ------------------------------------------------------------------------
@@ -98,7 +89,7 @@ class MixedTokens(MixIdentity):
 
     @property
     def fingerprint(self) -> str:
-        """A hash of the sources' fingerprints (see :class:`~fastload.loader._mix_schedule.
+        """A hash of the sources' fingerprints (see :class:`~fastload.loader.mix._schedule.
         MixIdentity`)."""
         return self._data_fingerprint()
 
@@ -109,6 +100,14 @@ class MixedTokens(MixIdentity):
     def order_options(self) -> dict[str, Any]:
         """The mix's options, its seed, and each source's fingerprint and order options."""
         return self._mix_options()
+
+    def continues_order(self, version: object) -> bool:
+        """True: the sources' order versions are in :meth:`order_options`, checked with them."""
+        return True
+
+    def node_stats(self) -> dict[str, int]:
+        """Empty: a mix of token sources reports no node cache figures."""
+        return {}
 
     @property
     def dtype(self) -> np.dtype[Any]:

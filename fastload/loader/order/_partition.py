@@ -2,7 +2,7 @@
 
 Definitions (``N`` samples, world size ``W``, per-rank batch size ``B``, global batch ``G = W x B``):
 
-* The epoch's positions ``0 .. N-1`` are visited in the order of :class:`~fastload.loader._order.
+* The epoch's positions ``0 .. N-1`` are visited in the order of :class:`~fastload.loader.order._order.
   EpochOrder`. **Global step** ``s`` covers positions ``[s·G, (s+1)·G)``; rank ``r`` takes
   ``[s·G + r·B, s·G + (r+1)·B)``.
 * **Remainder policy** ``pad`` (``drop_last=False``, the default): the positions are padded to a

@@ -2,9 +2,9 @@
 
 One function for both kinds, as :func:`~fastload.loader.open_dataset` is one function for every
 format: what it returns follows what it is given (sample datasets or their URLs: a
-:class:`~fastload.loader._mix_samples.MixedDataset` for :class:`fastload.DataLoader`; token
-sources: a :class:`~fastload.loader._mix_tokens.MixedTokens` for the token loader), and the
-arithmetic behind both is the same (:mod:`fastload.loader._mix_schedule`).
+:class:`~fastload.loader.mix._samples.MixedDataset` for :class:`fastload.DataLoader`; token
+sources: a :class:`~fastload.loader.mix._tokens.MixedTokens` for the token loader), and the
+arithmetic behind both is the same (:mod:`fastload.loader.mix._schedule`).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Any, TypeVar, overload
 from fastload.errors import InvalidArgumentError
 from fastload.formats.tokens import METADATA_KEY
 from fastload.loader._dataset import Dataset
-from fastload.loader._mix_samples import MixedDataset
-from fastload.loader._mix_schedule import mix_counts, unique_names
-from fastload.loader._mix_tokens import MixedTokens
 from fastload.loader._open import open_dataset
-from fastload.loader._token_source import TokenSource
+from fastload.loader.mix._samples import MixedDataset
+from fastload.loader.mix._schedule import mix_counts, unique_names
+from fastload.loader.mix._tokens import MixedTokens
+from fastload.loader.tokens._source import TokenSource
 
 __all__ = ["mix"]
 
@@ -81,7 +81,7 @@ def mix(
         sources: ``{source: weight}`` (or ``[(source, weight), ...]`` to mix the same dataset
             twice). Sources are all sample datasets (:func:`fastload.open_dataset` results, used
             as they are, or URLs, opened with ``open_dataset(url, seed=seed)``), or all token
-            sources (:class:`~fastload.loader._token_source.TokenSource`, e.g. from
+            sources (:class:`~fastload.loader.tokens._source.TokenSource`, e.g. from
             :func:`fastload.open_tokens`, with one ``seq_len``). Weights are positive numbers; only their
             ratios matter; floats count as the decimals they print as (``0.7`` is 7/10).
         seed: The seed URLs are opened with; for sample mixes also the seed of each delivery's
@@ -91,8 +91,8 @@ def mix(
         epoch_size: ``L``, positions (samples or sequences) per mix epoch.
 
     Returns:
-        A :class:`~fastload.loader._mix_samples.MixedDataset` or
-        :class:`~fastload.loader._mix_tokens.MixedTokens`; both have ``plan.counts``,
+        A :class:`~fastload.loader.mix._samples.MixedDataset` or
+        :class:`~fastload.loader.mix._tokens.MixedTokens`; both have ``plan.counts``,
         ``plan.window`` and ``plan.weights`` (the effective weights), ``plan.epoch_counts(e)``
         and ``sources``. :meth:`fastload.DataLoader.stats` counts ``samples[<name>]`` per
         source (names: the sources' URLs).

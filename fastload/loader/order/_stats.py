@@ -1,5 +1,5 @@
 """The counters behind the loaders' ``stats()``: one definition, so every loader reports the same
-keys (kept by :class:`~fastload.loader._cursor.EpochCursor`)."""
+keys (kept by :class:`~fastload.loader.order._cursor.EpochCursor`)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from fastload.errors import InvalidArgumentError
-from fastload.loader._image_fields import is_image_field
+from fastload.loader.images._fields import is_image_field
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "Normalize"]
 

@@ -1,4 +1,4 @@
-/* Region-of-interest JPEG decoding for the fused train/eval transforms (fastload.loader._jpeg).
+/* Region-of-interest JPEG decoding for the fused train/eval transforms (fastload.loader.images._jpeg).
  *
  * decode_region(data, scale_denom, top, left, height, width) decodes only the rows and columns a
  * crop needs, at DCT scale 1/scale_denom, with libjpeg-turbo's jpeg_crop_scanline (columns,

@@ -21,6 +21,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from fastload.loader.order._cursor import Resumable
+
 __all__ = ["TokenBatch", "TokenSource", "WideningTokenSource"]
 
 
@@ -44,30 +46,18 @@ class TokenBatch:
 
 
 @runtime_checkable
-class TokenSource(Protocol):
-    """What the token loader reads from (see the module doc)."""
+class TokenSource(Resumable, Protocol):
+    """What the token loader reads from (see the module doc); resumable as every loader's data
+    (:class:`~fastload.loader.order._cursor.Resumable`: ``url``, ``fingerprint``,
+    ``order_options()``, ``continues_order()``, ``node_stats()``)."""
 
     @property
     def seq_len(self) -> int:
         """Ids per input sequence (each row holds ``seq_len + 1``)."""
         ...
 
-    @property
-    def url(self) -> str:
-        """Where the data lives, for messages."""
-        ...
-
-    @property
-    def fingerprint(self) -> str:
-        """Identifies the data and layout (O(1) after the first call); states must match it."""
-        ...
-
     def __len__(self) -> int:
         """Sequences per epoch."""
-        ...
-
-    def order_options(self) -> dict[str, Any]:
-        """Options that change what sits at a position (seed, shuffle, ...); states carry them."""
         ...
 
     def sequences(

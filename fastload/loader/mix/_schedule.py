@@ -50,7 +50,7 @@ import numpy.typing as npt
 
 from fastload._units import check_int
 from fastload.errors import InvalidArgumentError
-from fastload.loader._seeds import check_seed
+from fastload.loader.order._seeds import check_seed
 
 __all__ = [
     "MAX_AUTO_WINDOW",
@@ -310,10 +310,26 @@ class MixIdentity:
     sources' fingerprints (the data), the plan's options, the seed, each source's order
     options; and the check of a state against them. Subclasses set the attributes."""
 
-    sources: tuple[Any, ...]  # each with ``fingerprint`` and ``order_options()``
+    sources: tuple[Any, ...]  # each with ``url``, ``fingerprint`` and ``order_options()``
     plan: MixPlan
     seed: int
     names: tuple[str, ...]
+
+    def _plan_mix(
+        self,
+        counts: Sequence[int],
+        sizes: Sequence[int],
+        epoch_size: int | None,
+        seed: int,
+        names: Sequence[str] | None,
+    ) -> None:
+        """Set :attr:`names` (default: the sources' URLs, made unique), :attr:`plan` over the
+        sources' ``sizes`` and :attr:`seed`: what both kinds' constructors do first."""
+        self.names = (
+            tuple(names) if names is not None else unique_names(s.url for s in self.sources)
+        )
+        self.plan = MixPlan(counts, sizes, epoch_size=epoch_size, names=self.names)
+        self.seed = check_seed("seed", seed)
 
     def _data_fingerprint(self) -> str:
         """A hash of the sources' fingerprints, in source order: the data. The weights,

@@ -1,11 +1,11 @@
 """Per-sample random generators: what every random transform draws from.
 
 The protocol (described for users in :mod:`fastload.loader.transforms`): the loader puts
-``"__rng_seed__": (seed, epoch, index)`` (:data:`~fastload.loader._seeds.RNG_SEED_KEY`) into each
+``"__rng_seed__": (seed, epoch, index)`` (:data:`~fastload.loader.order._seeds.RNG_SEED_KEY`) into each
 raw sample, and a transform builds its generator from those three integers with
 :func:`sample_rng`, so augmentation depends only on (seed, epoch, sample).
 
-A leaf module (it imports only :mod:`fastload.loader._seeds`), so that both
+A leaf module (it imports only :mod:`fastload.loader.order._seeds`), so that both
 :mod:`fastload.loader.decode` (fused decode+augment) and the transforms use it without importing
 each other.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from fastload.loader._seeds import RNG_SEED_KEY
+from fastload.loader.order._seeds import RNG_SEED_KEY
 
 __all__ = ["RNG_SEED_KEY", "rng_for", "sample_rng"]
 

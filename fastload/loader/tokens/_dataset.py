@@ -1,12 +1,12 @@
 """Packed sequences from a token dataset: :func:`open_tokens` and :class:`TokenDataset`.
 
-A :class:`TokenDataset` is the :class:`~fastload.loader._token_source.TokenSource` of one token
+A :class:`TokenDataset` is the :class:`~fastload.loader.tokens._source.TokenSource` of one token
 dataset (:mod:`fastload.formats.tokens`): for each epoch, ``len(ds)`` sequences of
 ``seq_len + 1`` ids at positions ``0 .. len - 1``, a pure function of (dataset, ``seq_len``,
 ``shuffle``, ``seed``, ``window``, epoch, position).
 
 **The epoch stream.** The dataset's blocks in the slots of the epoch's block permutation
-(:class:`~fastload.loader._order.EpochOrder` with tokens as the items and ``block_tokens`` as the
+(:class:`~fastload.loader.order._order.EpochOrder` with tokens as the items and ``block_tokens`` as the
 block size, the same permutation the sample loaders use; see its "block stream"), each block's
 ids in order. Without shuffle: the dataset's token stream as it is.
 
@@ -22,7 +22,7 @@ epoch, so the ids left out change too (e.g. 10^9 tokens, ``L = 2048``: at most 2
 **Sequence order.** Positions map to sequences through a shuffle within windows of ``window``
 consecutive sequences: position ``p`` lies in window ``w = p // window`` and holds sequence
 ``w * window + perm_w(p - w * window)``, ``perm_w`` drawn uniformly by
-``numpy.random.default_rng([seed, epoch, 6, w])`` (tag 6, :data:`~fastload.loader._seeds.
+``numpy.random.default_rng([seed, epoch, 6, w])`` (tag 6, :data:`~fastload.loader.order._seeds.
 TAG_SEQUENCES`). A window covers ``window x seq_len`` consecutive ids of the stream, hence at most
 ``window x seq_len / block_tokens + 2`` blocks: reads stay local (a per-process block cache of
 that size serves every read), while the blocks of the stream come from all over the dataset
@@ -52,10 +52,11 @@ from fastload.errors import InvalidArgumentError
 from fastload.formats.tokens import TokenLayout
 from fastload.loader._dataset import Dataset
 from fastload.loader._open import open_dataset
-from fastload.loader._order import ORDER_VERSION, EpochOrder
-from fastload.loader._seeds import TAG_SEQUENCES, check_seed
-from fastload.loader._token_source import TokenBatch
-from fastload.loader._tokens_blocks import TokenBlocks
+from fastload.loader._options import StoreOptions
+from fastload.loader.order._order import ORDER_VERSION, EpochOrder
+from fastload.loader.order._seeds import TAG_SEQUENCES, check_seed
+from fastload.loader.tokens._blocks import TokenBlocks
+from fastload.loader.tokens._source import TokenBatch
 from fastload.storage import DEFAULT_CACHE_SIZE, Store
 
 __all__ = ["DEFAULT_SEQ_WINDOW", "TokenDataset", "open_tokens"]
@@ -104,12 +105,9 @@ def open_tokens(
         ObjectNotFoundError: No manifest at ``url``.
     """
     ds = open_dataset(
-        url,
+        StoreOptions(store_options, cache_dir, cache_size, entry="open_tokens").open(url),
         shuffle=False,
         decode=None,
-        store_options=store_options,
-        cache_dir=cache_dir,
-        cache_size=cache_size,
         max_open_shards=default_open_shards() if max_open_shards is None else max_open_shards,
         prefetch_shards=0,
     )
@@ -222,6 +220,14 @@ class TokenDataset:
             "seed": self.seed,
             "window": self.window,
         }
+
+    def continues_order(self, version: object) -> bool:
+        """True: the order version is one of :meth:`order_options`, checked with them."""
+        return True
+
+    def node_stats(self) -> dict[str, int]:
+        """Empty: a token dataset reports no node cache figures."""
+        return {}
 
     def sequences(
         self, epoch: int, positions: npt.NDArray[np.int64], *, with_starts: bool = False

@@ -4,9 +4,9 @@ All of fastload's randomness is a pure function of the dataset's seed and the ep
 epoch (its order, its augmentation) is the same whatever ran before it and wherever it resumed.
 The streams are NumPy ``SeedSequence`` entropy lists ``[seed, epoch, tag, ...]`` with a distinct
 non-zero domain tag per use (``SeedSequence`` ignores trailing zeros, so the tag keeps the
-streams apart): 1 and 2 for the epoch order (:mod:`fastload.loader._order`), 3 for the global
+streams apart): 1 and 2 for the epoch order (:mod:`fastload.loader.order._order`), 3 for the global
 generators reseeded per batch (:func:`seed_global_rngs`), 5 for DALI pipelines
-(:func:`pipeline_seed`), 6 for the token loader's sequence windows (:mod:`fastload.loader._tokens`). Per-sample generators come from the ``"__rng_seed__"`` entry of a sample
+(:func:`pipeline_seed`), 6 for the token loader's sequence windows (:mod:`fastload.loader.tokens._dataset`). Per-sample generators come from the ``"__rng_seed__"`` entry of a sample
 (:data:`RNG_SEED_KEY`, see :func:`fastload.loader.transforms.sample_rng`).
 
 A leaf module: it imports nothing of fastload's loader, so every loader module can use it.

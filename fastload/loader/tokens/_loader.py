@@ -1,8 +1,8 @@
 """``TokenLoader``: batches of packed sequences from any token source, exactly-once and resumable.
 
-Built on the sample loaders' parts: :class:`~fastload.loader._partition.Partition` splits the
+Built on the sample loaders' parts: :class:`~fastload.loader.order._partition.Partition` splits the
 source's ``len(source)`` positions of an epoch into global steps and rank batches (the same
-arithmetic, padding and ``drop_last``), and :class:`~fastload.loader._cursor.EpochCursor` keeps
+arithmetic, padding and ``drop_last``), and :class:`~fastload.loader.order._cursor.EpochCursor` keeps
 epoch, step, resume and the state dict. A batch is one call of ``source.sequences(epoch,
 positions)``: one gather of memory-mapped or cached blocks, no decode.
 
@@ -27,10 +27,10 @@ import torch
 
 from fastload._units import check_int
 from fastload.errors import InvalidArgumentError
-from fastload.loader._cursor import EpochCursor
 from fastload.loader._dist import detect_rank_world
-from fastload.loader._partition import Partition
-from fastload.loader._token_source import TokenBatch, TokenSource, WideningTokenSource
+from fastload.loader.order._cursor import EpochCursor
+from fastload.loader.order._partition import Partition
+from fastload.loader.tokens._source import TokenBatch, TokenSource, WideningTokenSource
 
 __all__ = ["TokenLoader", "cu_seqlens", "position_ids"]
 
@@ -68,7 +68,7 @@ class TokenLoader:
     ``drop_last``.
 
     Args:
-        source: Any :class:`~fastload.loader._token_source.TokenSource` (``fastload.open_tokens``,
+        source: Any :class:`~fastload.loader.tokens._source.TokenSource` (``fastload.open_tokens``,
             a mix).
         batch_size: Sequences per rank batch.
         rank, world_size: This rank and the number of ranks (default: detected from
@@ -86,7 +86,7 @@ class TokenLoader:
         pin_memory: Copy batches into pinned memory (for ``.to("cuda", non_blocking=True)``).
 
     ``set_epoch``, ``state_dict``, ``load_state_dict``, ``stats``, ``len`` are those of
-    :class:`fastload.DataLoader` (same state layout, :mod:`fastload.loader._cursor`), with the
+    :class:`fastload.DataLoader` (same state layout, :mod:`fastload.loader.order._cursor`), with the
     source's order options (``seq_len``, ``seed``, ``window``, ...) in the state: resume with
     any world size that keeps ``batch_size x world_size``.
 
@@ -157,7 +157,7 @@ class TokenLoader:
         return self._cursor.remaining()
 
     def state_dict(self) -> dict[str, Any]:
-        """The resumable position: O(1), the same on every rank (:mod:`fastload.loader._cursor`);
+        """The resumable position: O(1), the same on every rank (:mod:`fastload.loader.order._cursor`);
         a batch counts once it is yielded."""
         return self._cursor.state_dict()
 

@@ -5,11 +5,11 @@
   with one shared random generator.
 * Fused: :class:`ImageTrainTransform` and :class:`ImageEvalTransform` take encoded bytes, choose
   the crop from the JPEG header, decode only the DCT scale the crop needs
-  (:mod:`fastload.loader._jpeg`) and resize with torch's uint8 antialiased bilinear kernel, or
+  (:mod:`fastload.loader.images._jpeg`) and resize with torch's uint8 antialiased bilinear kernel, or
   with Pillow's (the same filter) where a reduced scale leaves the box on fractional pixels.
 
-Both kinds crop the boxes of :mod:`fastload.loader._geometry` and resize with the kernels of
-:mod:`fastload.loader._pixels`, so for the same draws they keep the same pixels; see
+Both kinds crop the boxes of :mod:`fastload.loader.images._geometry` and resize with the kernels of
+:mod:`fastload.loader.images._pixels`, so for the same draws they keep the same pixels; see
 :mod:`fastload.loader.transforms` for the whole picture.
 """
 
@@ -24,7 +24,8 @@ import torch
 from PIL import Image
 
 from fastload.errors import InvalidArgumentError
-from fastload.loader._geometry import (
+from fastload.loader.images._fields import ImageFieldTransform
+from fastload.loader.images._geometry import (
     CropBox,
     center_crop_box,
     check_range,
@@ -32,10 +33,9 @@ from fastload.loader._geometry import (
     pil_box,
     random_resized_crop_box,
 )
-from fastload.loader._image_fields import ImageFieldTransform
-from fastload.loader._jpeg import decode_for_box, header_size
-from fastload.loader._normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
-from fastload.loader._pixels import (
+from fastload.loader.images._jpeg import decode_for_box, header_size
+from fastload.loader.images._normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
+from fastload.loader.images._pixels import (
     FILTERS,
     Interpolation,
     as_rgb_array,
@@ -45,7 +45,7 @@ from fastload.loader._pixels import (
     resize_pil,
     resize_torch,
 )
-from fastload.loader._sample_rng import rng_for
+from fastload.loader.order._sample_rng import rng_for
 
 __all__ = [
     "CenterCrop",

@@ -11,7 +11,7 @@ partitioning and elastic resumption possible.
    The ``M`` blocks are numbered in dataset order. ``block_size=None`` acts as a block size of the
    largest shard: every non-empty shard is one block.
 2. *Slot* ``k`` of the epoch holds block ``perm(k)``, where ``perm`` is a keyed permutation of
-   ``range(M)`` drawn from ``[seed, epoch, 1]`` (:func:`~fastload.loader._permute.block_permutation`:
+   ``range(M)`` drawn from ``[seed, epoch, 1]`` (:func:`~fastload.loader.order._permute.block_permutation`:
    NumPy's uniform permutation up to 4,096 blocks, a Feistel network computed on demand above).
 3. Consecutive slots are grouped into *windows* of ``window`` slots, and the samples of window ``w``
    are permuted with ``default_rng([seed, epoch, 2, w])``.
@@ -41,7 +41,7 @@ or before p) // block_size`` (one binary search over the short slots either way)
 **Randomness.** With NumPy's permutation of the blocks (up to 4,096 blocks) the order is the one
 earlier versions computed: a uniform block permutation, then a uniform permutation inside each
 window. Above 4,096 blocks the block permutation is the Feistel network's (a pseudo-random
-permutation, see :mod:`fastload.loader._permute`): every block lands in a slot spread over the whole
+permutation, see :mod:`fastload.loader.order._permute`): every block lands in a slot spread over the whole
 epoch and neighbouring blocks land apart, but it is not a uniform draw from all ``M!`` orders. The
 in-window shuffle stays uniform. :data:`ORDER_VERSION` names this algorithm: a change to any of it
 (the numbering, the permutation, the windows) must bump it, since a resume state saved under one
@@ -57,19 +57,22 @@ samples and their blocks as the blocks, so the epoch's token stream is this stre
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.ma  # np.unique imports it on first use (15-50 ms): here, not in every worker
 import numpy.typing as npt
 
 from fastload.errors import InvalidArgumentError
-from fastload.loader._permute import TABLE_LIMIT, IdentityPermutation, block_permutation
-from fastload.loader._seeds import TAG_BLOCKS, TAG_WINDOW, check_seed
+from fastload.loader.order._permute import TABLE_LIMIT, IdentityPermutation, block_permutation
+from fastload.loader.order._seeds import TAG_BLOCKS, TAG_WINDOW, check_seed
 
 __all__ = [
+    "OrderOptions",
     "DEFAULT_BLOCK_SIZE",
     "DEFAULT_WINDOW",
     "ORDER_VERSION",
@@ -87,6 +90,40 @@ DEFAULT_WINDOW = 64
 ORDER_VERSION = 2
 
 IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class OrderOptions:
+    """The options of a sample dataset's epoch order, validated once (here).
+
+    ``open_dataset``'s ``shuffle``, ``seed``, ``block_size`` and ``window`` (see there); what
+    :class:`EpochOrder` computes with, and what a resume state must match (:meth:`state`).
+
+    Raises:
+        InvalidArgumentError: A negative or non-int seed, a ``block_size`` that is not a
+            positive int or ``None``, a ``window`` that is not a positive int.
+    """
+
+    shuffle: bool = True
+    seed: int = 0
+    block_size: int | None = DEFAULT_BLOCK_SIZE
+    window: int = DEFAULT_WINDOW
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shuffle", bool(self.shuffle))
+        check_seed("seed", self.seed)
+        b = self.block_size
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
+            raise InvalidArgumentError(
+                f"block_size must be a positive int or None (whole shards), got {b!r}"
+            )
+        w = self.window
+        if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+            raise InvalidArgumentError(f"window must be a positive int, got {w!r}")
+
+    def state(self) -> dict[str, Any]:
+        """The order's entries of a loader state: this fastload's order version and the options."""
+        return {"order_version": ORDER_VERSION, **dataclasses.asdict(self)}
 
 
 def computes_order_version(
@@ -150,16 +187,9 @@ class EpochOrder:
         block_size: int | None = DEFAULT_BLOCK_SIZE,
         window: int = DEFAULT_WINDOW,
     ) -> None:
-        self.seed = check_seed("seed", seed)
+        OrderOptions(shuffle, seed, block_size, window)  # validates
+        self.seed = seed
         self.epoch = check_seed("epoch", epoch)
-        if block_size is not None and (
-            isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1
-        ):
-            raise InvalidArgumentError(
-                f"block_size must be a positive int or None (whole shards), got {block_size!r}"
-            )
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise InvalidArgumentError(f"window must be a positive int, got {window!r}")
         sizes = np.asarray(list(shard_sizes), dtype=np.int64)
         if sizes.ndim != 1 or (sizes < 0).any():
             raise InvalidArgumentError(f"shard sizes must be non-negative ints, got {shard_sizes}")
