@@ -186,17 +186,12 @@ class TFRecordReader(ShardReader):
                     else:
                         if verify and mask(crc) != unpack_crc(view, end)[0]:
                             raise BadChecksum
-                except BadChecksum:
-                    handle(self._errors.payload_crc(i, record_offset, None))
-                    i += 1
-                    continue
-                except ProtoError as exc:
-                    handle(self._errors.corrupt(f"record {i}: {exc}", record_offset, None))
-                    i += 1
-                    continue
-                sample["__key__"] = f"{stem}/{i:08d}" if key is None else key
+                except (BadChecksum, ProtoError) as exc:
+                    handle(self._errors.undecodable(exc, i, record_offset, None))
+                else:
+                    sample["__key__"] = f"{stem}/{i:08d}" if key is None else key
+                    yield sample
                 i += 1
-                yield sample
         finally:
             if isinstance(view, mmap.mmap):
                 view.close()
@@ -261,17 +256,12 @@ class TFRecordReader(ShardReader):
                     key = decode_record(
                         payload, 0, length, unpack_crc(footer)[0] if verify else None, sample
                     )
-                except BadChecksum:
-                    handle(self._errors.payload_crc(i, record_offset, compression))
-                    i += 1
-                    continue
-                except ProtoError as exc:
-                    handle(self._errors.corrupt(f"record {i}: {exc}", record_offset, compression))
-                    i += 1
-                    continue
-                sample["__key__"] = f"{stem}/{i:08d}" if key is None else key
+                except (BadChecksum, ProtoError) as exc:
+                    handle(self._errors.undecodable(exc, i, record_offset, compression))
+                else:
+                    sample["__key__"] = f"{stem}/{i:08d}" if key is None else key
+                    yield sample
                 i += 1
-                yield sample
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """Yield the shard's samples in order, streaming.

@@ -12,6 +12,7 @@ from typing import Any
 
 from fastload.errors import CorruptDataError
 from fastload.formats.tfrecord._decode import FAST_PATH_MISSES, Buffer, decode_fast, decode_runtime
+from fastload.formats.tfrecord._example import ProtoError
 from fastload.formats.tfrecord._framing import crc32c, mask
 
 __all__ = ["BadChecksum", "RecordErrors", "decode_record", "read_exact"]
@@ -126,3 +127,12 @@ class RecordErrors:
         return self.corrupt(
             f"TFRecord payload CRC mismatch in record {i}: the data is damaged", offset, compression
         )
+
+    def undecodable(
+        self, exc: BadChecksum | ProtoError, i: int, offset: int, compression: str | None
+    ) -> CorruptDataError:
+        """What :func:`decode_record` raised for record ``i``, as the error to report: its
+        payload fails its CRC (:class:`BadChecksum`) or is not an Example (``ProtoError``)."""
+        if isinstance(exc, BadChecksum):
+            return self.payload_crc(i, offset, compression)
+        return self.corrupt(f"record {i}: {exc}", offset, compression)
