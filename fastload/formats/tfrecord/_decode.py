@@ -160,7 +160,8 @@ def decode_fast(
             raise Unusual
         # The four lengths of each entry are read inline, not by a helper: this loop is the
         # TFRecord hot path, and a call per length costs ~15 % on 128 B - 16 KiB fields (measured
-        # against the helper form). The repetition is deliberate.
+        # against the helper form; re-measured at 13-20 %, and a loop over the three nested
+        # headers at 21-33 %). The repetition is deliberate.
         n = buf[pos + 1]
         if n < 0x80:
             pos = pos + 2
