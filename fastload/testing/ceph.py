@@ -157,11 +157,6 @@ def _running(run: Path) -> CephS3 | None:
     return cluster if _answers(cluster.endpoint_url) else None
 
 
-# The names other cluster modules import from here (fastload.testing.hdfs).
-_locked = locked
-_users = live_users
-
-
 def _run_script(name: str, run: Path, timeout: float) -> str:
     proc = run_tool_script(
         name, run, run_var="CEPH_RUN", timeout=timeout, error=CephStartError, hint=INSTALL_HINT
@@ -177,7 +172,7 @@ def acquire(start_timeout: float = 180.0) -> CephS3:
     """
     run = run_dir()
     run.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(run):
+    with locked(run):
         cluster = _running(run)
         if cluster is None:
             missing = ceph_missing()
@@ -266,5 +261,5 @@ def _pid_is_process(pid: int) -> bool:
 def is_sole_user(cluster: CephS3) -> bool:
     """True if no other live process uses the cluster (so a fault test may restart radosgw)."""
     run = Path(cluster.run_dir)
-    with _locked(run):
-        return _users(run) == [os.getpid()]
+    with locked(run):
+        return live_users(run) == [os.getpid()]

@@ -37,9 +37,8 @@ import pytest
 from fastload.errors import FastloadError
 from fastload.testing import need
 
-# The run directory's lock and live-user files work as for the Ceph cluster.
-from fastload.testing.ceph import _locked
-from fastload.testing.ceph import _users as _live_users
+# The run directory's lock and live-user files, and the scripts, work as for the Ceph cluster.
+from fastload.testing._clusters import join, leave, locked, run_tool_script, tools_dir
 
 __all__ = [
     "INSTALL_HINT",
@@ -208,12 +207,6 @@ def run_dir() -> Path:
     return Path(os.environ.get("HDFS_RUN", "/tmp/fastload-hdfs"))
 
 
-def tools_dir() -> Path:
-    """Where ``hdfs-up.sh``/``hdfs-down.sh`` live: ``$FASTLOAD_TOOLS`` or the checkout's ``tools/``."""
-    env = os.environ.get("FASTLOAD_TOOLS")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "tools"
-
-
 def hdfs_missing() -> list[str]:
     """The programs the scripts need that are not on ``PATH`` (empty when all are there)."""
     return [p for p in _PROGRAMS if shutil.which(p) is None]
@@ -237,29 +230,15 @@ def _running(run: Path) -> HDFSCluster | None:
 
 
 def _run_script(name: str, run: Path, timeout: float, env: dict[str, str] | None = None) -> str:
-    path = tools_dir() / name
-    if not path.is_file():
-        raise HDFSStartError(
-            f"{path} not found; run from a fastload checkout or set FASTLOAD_TOOLS to its tools/"
-        )
-    full_env = {**os.environ, **(env or {}), "HDFS_RUN": str(run)}
-    try:
-        proc = subprocess.run(
-            ["bash", str(path)],
-            env=full_env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise HDFSStartError(f"{name} did not finish within {timeout} s (logs: {run}/log)") from exc
-    if proc.returncode != 0:
-        raise HDFSStartError(
-            f"{name} failed with exit code {proc.returncode}:\n{proc.stderr.strip()}\n"
-            f"(logs: {run}/log; to fix: {INSTALL_HINT})"
-        )
+    proc = run_tool_script(
+        name,
+        run,
+        run_var="HDFS_RUN",
+        timeout=timeout,
+        error=HDFSStartError,
+        hint=INSTALL_HINT,
+        env=env,
+    )
     return proc.stdout
 
 
@@ -289,13 +268,11 @@ def acquire(start_timeout: float = 300.0) -> HDFSCluster:
             _held[str(run)] = (cluster, count + 1)
             return cluster
         run.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(run):
+        with locked(run):
             found = _running(run)
             if found is None:
                 found = _start(run, start_timeout)
-                (run / "fixture-started").touch()
-            (run / "users").mkdir(exist_ok=True)
-            (run / "users" / str(os.getpid())).touch()
+            join(run, started=found.started)
         _held[str(run)] = (found, 1)
         return found
 
@@ -308,12 +285,7 @@ def release(cluster: HDFSCluster, stop_timeout: float = 120.0) -> None:
         if count > 1:
             _held[str(run)] = (cluster, count - 1)
             return
-        if not run.is_dir():
-            return
-        with _locked(run):
-            (run / "users" / str(os.getpid())).unlink(missing_ok=True)
-            if (run / "fixture-started").exists() and not _live_users(run):
-                _run_script("hdfs-down.sh", run, stop_timeout)
+        leave(run, lambda: _run_script("hdfs-down.sh", run, stop_timeout))
 
 
 @contextlib.contextmanager
