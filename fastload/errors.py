@@ -29,6 +29,7 @@ __all__ = [
     "InvalidRangeError",
     "LaunchEnvironmentError",
     "ManifestError",
+    "ManifestTotalsError",
     "MissingDependencyError",
     "MissingIndexError",
     "ObjectNotFoundError",
@@ -207,6 +208,23 @@ class MissingIndexError(FormatError, TypeError):
 
 class ManifestError(FormatError):
     """A dataset manifest (``fastload.json``) is missing fields or inconsistent with the shards."""
+
+
+class ManifestTotalsError(ManifestError):
+    """The manifest's ``num_samples`` or ``num_bytes`` disagrees with the sum of its shard entries:
+    an entry or a total was edited. The message names the shards whose entries disagree with the
+    objects stored, where the store could be asked.
+
+    Attributes:
+        manifest: The manifest as parsed (a :class:`~fastload.formats.Manifest`), for a caller
+            that checks every shard anyway (``fastload verify`` reports this and goes on).
+        found: What disagrees (``"manifest says num_bytes=... but its shards add up to ..."``).
+        remedy: How to repair the manifest (starts with ``"; "``).
+    """
+
+    def __init__(self, found: str, remedy: str, *, url: str = "", manifest: object = None) -> None:
+        super().__init__(found + remedy, url=url)
+        self.manifest, self.found, self.remedy = manifest, found, remedy
 
 
 class UnsupportedManifestVersionError(ManifestError):

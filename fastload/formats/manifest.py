@@ -33,6 +33,7 @@ from typing import Any
 from fastload.errors import (
     InvalidArgumentError,
     ManifestError,
+    ManifestTotalsError,
     ObjectNotFoundError,
     UnsupportedManifestVersionError,
 )
@@ -229,18 +230,15 @@ class Manifest:
                 f"manifest has a malformed 'schema', 'created_by' or 'metadata' field: {exc}",
                 url=url,
             ) from exc
-        if "num_samples" in doc and doc["num_samples"] != manifest.num_samples:
-            raise ManifestError(
-                f"manifest says num_samples={doc['num_samples']} but its shards add up to "
-                f"{manifest.num_samples}{_fix(url)}",
-                url=url,
-            )
-        if "num_bytes" in doc and doc["num_bytes"] != manifest.num_bytes:
-            raise ManifestError(
-                f"manifest says num_bytes={doc['num_bytes']} but its shards add up to "
-                f"{manifest.num_bytes}{_fix(url)}",
-                url=url,
-            )
+        for total in ("num_samples", "num_bytes"):
+            if total in doc and doc[total] != getattr(manifest, total):
+                raise ManifestTotalsError(
+                    f"manifest says {total}={doc[total]} but its shards add up to "
+                    f"{getattr(manifest, total)}",
+                    _fix(url),
+                    url=url,
+                    manifest=manifest,
+                )
         return manifest
 
     def resolve_format(self, *, url: str = "") -> Format:
@@ -374,7 +372,42 @@ def read_manifest(store: Store, prefix: str = "") -> Manifest:
             f"existing shards with `fastload index {root}`",
             url=url,
         ) from exc
-    return Manifest.from_json(text, url=store.child_url(key))
+    try:
+        return Manifest.from_json(text, url=store.child_url(key))
+    except ManifestTotalsError as exc:
+        if not isinstance(exc.manifest, Manifest):
+            raise
+        off = _entries_off(store, prefix, exc.manifest)
+        if not off:
+            raise
+        raise ManifestTotalsError(
+            f"{exc.found} ({off})", exc.remedy, url=store.child_url(key), manifest=exc.manifest
+        ) from None
+
+
+def _entries_off(store: Store, prefix: str, manifest: Manifest, most: int = 5) -> str:
+    """The shards whose manifest entries disagree with the objects stored (missing, or another
+    size), said in a clause naming up to ``most`` of them; ``""`` when none do or the store
+    cannot be listed. One listing of the dataset root: asked only once a total is off."""
+    try:
+        sizes = {m.key: m.size for m in store.list(prefix)} if store.supports_listing else None
+    except Exception:  # the totals error stands on its own; the store's fault is not this one
+        return ""
+    if sizes is None:
+        return ""
+    off = []
+    for entry in manifest.shards:
+        found = sizes.get(_join(prefix, entry.name))
+        if found is None:
+            off.append(f"{entry.name} is missing")
+        elif found != entry.num_bytes:
+            off.append(
+                f"{entry.name} has {found:,} bytes where the manifest says {entry.num_bytes:,}"
+            )
+    if not off:
+        return ""
+    more = f" (and {len(off) - most} more shards)" if len(off) > most else ""
+    return "; ".join(off[:most]) + more
 
 
 def write_manifest(store: Store, manifest: Manifest, prefix: str = "") -> str:
@@ -382,18 +415,6 @@ def write_manifest(store: Store, manifest: Manifest, prefix: str = "") -> str:
     key = _join(prefix, MANIFEST_NAME)
     store.put(key, manifest.to_json().encode("utf-8"))
     return key
-
-
-def _local_root(store: Store) -> str | None:
-    """The local directory behind ``store`` (through wrappers), or ``None`` for remote stores."""
-    seen = 0
-    while store is not None and seen < 8:
-        root = getattr(store, "root", None)
-        if isinstance(root, str) and store.has_local_paths:
-            return root
-        store = getattr(store, "inner", None)  # type: ignore[assignment]
-        seen += 1
-    return None
 
 
 def why_empty(store: Store, prefix: str = "") -> str | None:
@@ -406,7 +427,7 @@ def why_empty(store: Store, prefix: str = "") -> str | None:
     """
     import os
 
-    root = _local_root(store)
+    root = store.uncached.local_root  # a cache in front: the directory it caches
     if root is not None:
         path = os.path.join(root, prefix) if prefix else root
         if os.path.isfile(path):

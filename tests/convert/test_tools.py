@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import webdataset as wds
 
+from fastload import open_dataset
+from fastload.errors import ManifestTotalsError
 from fastload.formats import read_manifest
 from fastload.storage import open_store
 
@@ -99,6 +101,37 @@ def test_verify_reports_missing_shard_and_bad_index(dataset: Path, real_fmt: str
     if manifest.shards[2].index:
         with pytest.raises(FileNotFoundError):
             fc.index_dataset(dataset)  # the missing shard cannot be indexed
+
+
+def test_an_edited_shard_entry_is_named_and_verify_lists_every_other_problem(
+    dataset: Path, real_fmt: str
+) -> None:
+    """A shard entry whose size was edited (and a shard deleted): opening names both shards;
+    verify reports the totals, the wrong size and the missing shard, and a damaged shard too."""
+    doc = json.loads((dataset / "fastload.json").read_text())
+    first, second, third = (s["name"] for s in doc["shards"])
+    real = doc["shards"][1]["num_bytes"]
+    doc["shards"][1]["num_bytes"] = real + 512  # the totals now disagree with the entries
+    (dataset / "fastload.json").write_text(json.dumps(doc))
+    (dataset / first).unlink()
+    with pytest.raises(ManifestTotalsError) as ei:
+        open_dataset(dataset)
+    message = str(ei.value)
+    assert f"but its shards add up to {sum(s['num_bytes'] for s in doc['shards'])}" in message
+    assert f"{first} is missing" in message
+    assert f"{second} has {real:,} bytes where the manifest says {real + 512:,}" in message
+    assert third not in message  # only the shards that disagree are named
+    assert f"`fastload index {dataset.as_uri()}`" in message  # and how to repair the manifest
+    victim = dataset / third
+    victim.write_bytes(victim.read_bytes()[:-700])  # a third problem, in another shard
+    report = fc.verify_dataset(dataset)
+    assert report.shards_checked == 3
+    problems = "\n".join(report.problems)
+    assert len(report.problems) >= 4, problems
+    assert f"{first} is missing" in report.problems[0]
+    assert any(p.endswith(f"{first}: shard is missing") for p in report.problems), problems
+    assert any(f"{second}: size is {real} bytes" in p for p in report.problems), problems
+    assert any(f"{third}: size is" in p for p in report.problems), problems
 
 
 def test_index_rebuilds_our_indexes(dataset: Path, real_fmt: str) -> None:

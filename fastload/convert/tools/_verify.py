@@ -26,8 +26,8 @@ from fastload.convert._pool import pool_context
 from fastload.convert._progress import plural
 from fastload.convert.tools._common import Grouping, Progress, open_dataset_store
 from fastload.convert.tools._shard_check import ShardCheck, check_shards
-from fastload.errors import ManifestError
-from fastload.formats import MANIFEST_NAME, ShardEntry, read_manifest
+from fastload.errors import ManifestError, ManifestTotalsError
+from fastload.formats import MANIFEST_NAME, Manifest, ShardEntry, read_manifest
 from fastload.formats.tokens import METADATA_KEY as TOKENS_KEY
 from fastload.formats.tokens import TokenLayout
 from fastload.storage import Store
@@ -116,17 +116,26 @@ def verify_dataset(
             :class:`~fastload.storage.RetryStore` (a retryable :class:`StoreError` for a store
             without one); no verdict. ``fastload verify`` exits 4 then.
         ObjectNotFoundError: No manifest.
-        ManifestError: The manifest itself is malformed.
+        ManifestError: The manifest itself is malformed (totals that disagree with its shard
+            entries are reported as a problem, and every shard is checked).
         InvalidArgumentError: ``workers`` is not an int >= 1.
     """
     if workers is not None:
         check_int("workers", workers, minimum=1)
     store = open_dataset_store(url, store_options)
-    manifest = read_manifest(store)
+    totals_off = None
+    try:
+        manifest = read_manifest(store)
+    except ManifestTotalsError as exc:  # an edited entry or total: check every shard anyway
+        if not isinstance(exc.manifest, Manifest):
+            raise
+        manifest, totals_off = exc.manifest, str(exc)
     if workers is None:
         large = len(manifest.shards) >= _POOL_MIN_SHARDS or manifest.num_bytes >= _POOL_MIN_BYTES
         workers = (os.cpu_count() or 1) if large else 1
     report = VerifyReport(store.url)
+    if totals_off is not None:
+        report.problems.append(totals_off)
     fmt = manifest.resolve_format(url=store.child_url(MANIFEST_NAME))
     field_counts: dict[str, int] = {}
     grouping = Grouping()
