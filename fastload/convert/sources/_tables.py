@@ -42,6 +42,14 @@ class _TableSource(RecordSource):
             return False
         return True
 
+    def _read_error(self, key: str, exc: Exception, what: str) -> Exception:
+        """The error of every row ``_read_group`` could not read: ``exc`` itself when it is a
+        read error (``OSError``, fastload's own), else a :class:`CorruptDataError` saying
+        ``what`` failed (a pyarrow parse error) and naming the file."""
+        if isinstance(exc, (OSError, FastloadError)):
+            return exc
+        return CorruptDataError(f"{what}: {exc}", url=self.store.child_url(key))
+
     def _rows(
         self, key: str, rows: Iterable[tuple[int, Mapping[str, Any]]]
     ) -> Iterator[tuple[int, dict[str, Any] | Exception]]:
@@ -121,11 +129,7 @@ class CsvSource(_TableSource):
         except MissingDependencyError:
             raise
         except Exception as exc:
-            err = (
-                exc
-                if isinstance(exc, (OSError, FastloadError))
-                else CorruptDataError(f"cannot read CSV: {exc}", url=self.store.child_url(key))
-            )
+            err = self._read_error(key, exc, "cannot read CSV")
             while nxt is not None:
                 yield nxt, err
                 nxt = next(wanted, None)
@@ -178,13 +182,7 @@ class ParquetSource(_TableSource):
         except MissingDependencyError:
             raise
         except Exception as exc:
-            err = (
-                exc
-                if isinstance(exc, (OSError, FastloadError))
-                else CorruptDataError(
-                    f"cannot read row group {group}: {exc}", url=self.store.child_url(key)
-                )
-            )
+            err = self._read_error(key, exc, f"cannot read row group {group}")
             for i in indices:
                 yield i, err
             return
