@@ -1,68 +1,55 @@
 """``fastload.convert``: parallel, resumable, deterministic conversion of a corpus into shards.
 
-The steps (``fastload/convert/README.md`` has the user-facing version):
+:func:`convert` reads as its steps (``fastload/convert/README.md`` has the user-facing version):
 
-1. **Plan** in the calling process, as the source is enumerated (:class:`._plan.PlanStream`):
+1. **Options**, checked once (:class:`._options.ConvertOptions`), before anything is opened.
+2. **Source**: opened and detected; its warnings printed; the destination store opened; the
+   executor chosen and, if it gains from it, started (:class:`._run.ConversionRun`).
+3. **Plan**, in the calling process, as the source is enumerated (:class:`._plan.PlanStream`):
    samples in a fixed order (or a seeded permutation of all of them) are cut into shards by
    ``shard_samples`` and/or ``shard_size`` and hashed; each shard's digest covers the plan up to
    it, the last one the whole plan (the manifest's ``plan_sha256``). The plan keeps a few numbers
    per shard and the units of the shards not yet handed out, so memory is bounded by the number
    of shards, and the first shards are written while the source is still being enumerated.
-2. **State**, once the first shard is cut: ``_fastload_convert/plan.json`` (the source and
-   options) is written before any shard. A destination holding another dataset is refused with
-   :class:`~fastload.errors.DatasetExistsError` unless ``overwrite=True``; one holding a manifest
-   (or a state from before plans streamed) is compared with the whole plan, planned first.
-3. **Shards**: an executor (:mod:`._pool`: this process or worker processes) writes whole shards
-   through the store's atomic streamed writer, then records ``_fastload_convert/done/<shard>.json``
-   with the shard's digest. A re-run keeps a shard whose record has the digest the plan gives it
-   and whose objects are present, and refuses one recorded with another digest.
-4. **Finish**: the skip report ``_fastload_skipped.jsonl`` (if anything was skipped), then the
+4. **Destination**, once the first shard is cut: its lock, then ``_fastload_convert/plan.json``
+   (the source and options) written before any shard. A destination holding another dataset is
+   refused with :class:`~fastload.errors.DatasetExistsError` unless ``overwrite=True``; one
+   holding a manifest (or a state from before plans streamed) is compared with the whole plan,
+   planned first.
+5. **Run**: an executor (:mod:`._pool`: this process or worker processes; a cluster engine's
+   tasks, :mod:`._engines`) writes whole shards through the store's atomic streamed writer, then
+   records ``_fastload_convert/done/<shard>.json`` with the shard's digest. A re-run keeps a
+   shard whose record has the digest the plan gives it and whose objects are present, and
+   refuses one recorded with another digest.
+6. **Finish**: the skip report ``_fastload_skipped.jsonl`` (if anything was skipped), then the
    manifest ``fastload.json`` **last**, then the state objects are deleted.
 
 Nothing written depends on time, worker count or scheduling, so an interrupted run (even by
 SIGKILL) resumed with the same command gives the same bytes as an uninterrupted one. The parts
-live beside this module: the plan (``_plan``), the destination's state (``_state``) and its lock
-and what dead runs leave (``_guard``), the workers (``_worker``) and their executors (``_pool``),
-the map hook (``_map``), running out of space (``_space``) and the result (``_results``).
-
-Why one file: :func:`convert` is one ``try``/``finally`` that owns the executor, the
-destination's lock and the note of an interruption across all four steps; its helpers here only
-check its options and plan.
+live beside this module: the options (``_options``), the run with its executor, lock and Ctrl-C
+handling (``_run``), the plan (``_plan``), the destination's state (``_state``) and its lock and
+what dead runs leave (``_guard``), the workers (``_worker``) and their executors (``_pool``,
+``_engines``), the map hook (``_map``), running out of space (``_space``) and the result
+(``_results``). The helpers here are the steps' parts that only :func:`convert` uses.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, Any
 
-from fastload._os import interrupts_escalate
-from fastload._units import check_int
 from fastload._version import __version__
 from fastload.convert._empty import no_samples, nothing_kept
-from fastload.convert._engines import ExecutorChoice, get_engine
-from fastload.convert._guard import Guard, check_not_inside
-from fastload.convert._map import MapFn, map_name, resolve_map
+from fastload.convert._guard import check_not_inside
+from fastload.convert._map import MapFn, map_name
+from fastload.convert._options import ConvertOptions
 from fastload.convert._overhead import measured_tar_overhead, planned_tar_overhead
-from fastload.convert._plan import (
-    ConversionPlan,
-    PlanStream,
-    ShardLayout,
-    ShardPlan,
-    option_name,
-    planned_units,
-    shard_size_limit,
-)
-from fastload.convert._pool import (
-    Pool,
-    ShardRecords,
-    run_jobs,
-)
+from fastload.convert._plan import ConversionPlan, PlanStream, ShardLayout, ShardPlan, planned_units
+from fastload.convert._pool import ShardRecords
 from fastload.convert._progress import Progress, WarningPrinter, plural
 from fastload.convert._results import (
     ConvertResult,
@@ -71,49 +58,25 @@ from fastload.convert._results import (
     print_dry_run,
     result_from_manifest,
 )
+from fastload.convert._run import running
 from fastload.convert._space import space_for
 from fastload.convert._state import (
-    PLAN_KEY,
     SKIPPED_KEY,
-    check_destination,
-    check_leftovers,
+    Found,
     check_whole_plan,
     clear_state,
-    interrupted_note,
     shards_to_write,
-    write_plan,
 )
 from fastload.convert._token_blocks import check_text_field, token_metadata
-from fastload.convert._tokenizer import TokenFn, Tokenize, TokenizerSpec, resolve_tokenizer
+from fastload.convert._tokenizer import TokenFn, Tokenize, TokenizerSpec
 from fastload.convert._worker import ShardJob
-from fastload.convert.sources import (
-    SOURCES,
-    ConversionError,
-    Reporter,
-    Source,
-    Unit,
-    open_source,
-)
-from fastload.errors import InvalidArgumentError
-from fastload.formats import (
-    FORMATS,
-    MANIFEST_NAME,
-    ErrorPolicy,
-    Format,
-    Manifest,
-    ShardEntry,
-    ShardInfo,
-    get_format,
-)
+from fastload.convert.sources import SOURCES, ConversionError, Reporter, Source, Unit, open_source
+from fastload.formats import MANIFEST_NAME, Manifest, ShardEntry, ShardInfo
 from fastload.formats.manifest import write_manifest
 from fastload.storage import Store, open_store
 
 __all__ = ["convert"]
 
-#: The ``on_error`` policies convert accepts: those of
-#: :class:`~fastload.formats._base.ErrorPolicy` but ``warn``, since every item left out is listed
-#: in the skip report rather than only logged.
-_ON_ERROR = ("raise", "skip")
 _KEPT = "each is kept if the plan still gives it the same samples"
 
 
@@ -220,113 +183,60 @@ def convert(
         ObjectNotFoundError: ``src`` does not exist.
     """
     start = time.monotonic()
-    ErrorPolicy.check(on_error, choices=_ON_ERROR, name=option_name("on_error"))
-    fmt = get_format(format)
-    format_name = FORMATS.canonical(format)
-    size_limit = shard_size_limit(shard_size, shard_samples)
-    if shard_samples is not None:
-        check_int(option_name("shard_samples"), shard_samples, minimum=1)
-    n_workers = (os.cpu_count() or 1) if workers is None else workers
-    check_int(option_name("workers"), n_workers, minimum=1)
-    engine = get_engine(executor)
-    addresses = {"ray_address": ray_address, "spark_master": spark_master}
-    for option, value in addresses.items():
-        if value is not None and option != engine.address_option:
-            raise InvalidArgumentError(
-                f"{option_name(option)} is not used by executor={executor!r}; pass the "
-                "executor it is for, or leave it out"
-            )
-    if not prefix or "/" in prefix or prefix.startswith((".", "_")):
-        raise InvalidArgumentError(
-            f"{option_name('prefix')} {prefix!r} must be a non-empty name without '/' that does not "
-            "start with '.' or '_'"
+    options = ConvertOptions(
+        format=format,
+        shard_size=shard_size,
+        shard_samples=shard_samples,
+        workers=workers,
+        executor=executor,
+        ray_address=ray_address,
+        spark_master=spark_master,
+        shuffle=shuffle,
+        seed=seed,
+        on_error=on_error,
+        overwrite=overwrite,
+        dry_run=dry_run,
+        map_fn=map_fn,
+        source_type=source_type,
+        prefix=prefix,
+        quiet=quiet,
+        store_options=store_options,
+        source_options=source_options,
+        progress_stream=progress_stream,
+        tokenize=tokenize,
+    )
+    with running(options) as run:
+        # source: its warnings first; the destination store; the executor started early
+        source = open_source(
+            src, source_type=options.source_type, store_options=options.source_options
         )
-    map_dir = os.getcwd() if isinstance(map_fn, str) else None
-    resolve_map(map_fn, map_dir)  # fail early, in the parent, for a bad spec
-    stream = progress_stream if progress_stream is not None else sys.stderr
-
-    choice: ExecutorChoice | None = None
-    guard: Guard | None = None
-    dst_store: Store | None = None
-    plan: PlanStream | None = None  # for the message of an interruption
-    phase = "planning"
-    interrupted: KeyboardInterrupt | None = None
-
-    # Ctrl-C raises KeyboardInterrupt once; again, it has the pool stop at once (and raises
-    # nothing in the middle of the shutdown or of the message saying how far it got).
-    def stop_now() -> None:
-        if choice is not None and choice.started is not None:
-            choice.started.stop_now()
-
-    escalation = contextlib.ExitStack()
-    escalation.enter_context(interrupts_escalate(stop_now))
-    try:
-        source = open_source(src, source_type=source_type, store_options=source_options)
-        warn = WarningPrinter(source.warnings, stream, quiet)
+        warn = WarningPrinter(source.warnings, options.stream, options.quiet)
         warn()
-        spec = None
-        if tokenize is not None:
-            spec = resolve_tokenizer(tokenize, SOURCES.canonical(source.type_name), os.getcwd())
-        dst_store = open_store(dst, **dict(store_options or {}))
+        spec = options.tokenizer(source)
+        dst_store = open_store(dst, **dict(options.store_options or {}))
         check_not_inside(source.store, source.keys is not None, dst_store)
-        address = addresses.get(engine.address_option or "")
-        choice = ExecutorChoice(
-            engine, n_workers, address, fmt, source.store, dst_store, dry_run=dry_run
-        )
-        choice.start_early()
+        run.start(source.store, dst_store)
 
-        # 1. plan: shards are cut (and hashed) as the source is enumerated
+        # plan: shards are cut (and hashed) as the source is enumerated
         plan_skipped: list[SkippedItem] = []
-        plan, replay = _plan(
-            source,
-            fmt,
-            format_name,
-            on_error=on_error,
-            skipped=plan_skipped,
-            shuffle=shuffle,
-            seed=seed,
-            prefix=prefix,
-            shard_samples=shard_samples,
-            shard_size=size_limit,
-            map_fn=map_fn,
-            keep_units=not dry_run,
-            tokenize=spec,
-        )
-        if dry_run:
+        plan, replay = _plan(source, options, plan_skipped, spec)
+        if options.dry_run:
             whole = _whole(plan, replay, source, plan_skipped, warn)
-            result = ConvertResult(
-                url=dst_store.url,
-                format=format_name,
-                num_samples=whole.num_samples,
-                num_shards=len(whole.shards),
-                num_bytes=whole.est_bytes,
-                skipped=plan_skipped,
-                dry_run=True,
-                plan_sha256=whole.sha256,
-                shard_names=[s.name for s in whole.shards],
-                elapsed=time.monotonic() - start,
-            )
-            add_source_facts(result, source)
-            if not quiet:
-                print_dry_run(stream, source, whole.shards, result)
-            return result
+            return _dry_run(dst_store, source, whole, plan_skipped, options, start)
         first = next(plan, None)
-        framing = format_name == "webdataset" and spec is None  # issue 29: tar on small records
+        framing = options.format_name == "webdataset" and spec is None  # issue 29
         if framing and first is not None and (text := planned_tar_overhead(first[1])):
             source.warnings.append(text)
             framing = False  # said once, from the plan
         warn()
         if first is None:
             raise no_samples(source, plan_skipped)
-        if spec is not None and on_error == "raise":
+        if spec is not None and options.on_error == "raise":
             check_text_field(source, first[1], spec)
-        progress = Progress(0, 0, quiet=quiet, stream=stream)
+        progress = Progress(0, 0, quiet=options.quiet, stream=options.stream)
 
-        # 2. destination state: ours alone from here on; what dead runs left goes
-        guard = Guard(dst_store, format_name)
-        with space_for(dst_store, PLAN_KEY):
-            guard.acquire()
-        found = check_destination(dst_store, plan.head_sha256, overwrite=overwrite, prefix=prefix)
+        # destination: ours alone from here on; what dead runs left goes
+        found = run.claim(plan)
         shards: Iterator[tuple[ShardPlan, list[Unit]]] = itertools.chain([first], plan)
         del first  # the chain alone holds its units, until they are written
         if found.needs_whole_plan:
@@ -340,106 +250,40 @@ def convert(
                 )
                 add_source_facts(result, source)
                 result.unchanged = True
-                progress.close()
-                if not quiet:
-                    progress.message(result.summary())
-                return result
+                return _summary(result, progress, options.quiet)
             shards = whole.shard_units()
-        guard.abort_uploads(prefix)
-        phase = "writing"
-        if not found.resume:
-            write_plan(dst_store, plan.head_sha256, plan.source, plan.options)
+        run.begin_writing(plan, found)
 
-        # 3. shards, written as they are planned
+        # run: the shards written as they are planned
         done = ShardRecords(progress)
-        if found.done and not quiet:
+        if found.done and not options.quiet:
             n_done = plural(len(found.done), "shard")
             progress.message(f"resuming: {n_done} recorded done by an earlier run ({_KEPT})")
+        run.write(_jobs(source, dst_store, shards, found, done, plan, options, spec), done, found)
 
-        def jobs() -> Iterator[ShardJob]:
-            for shard, units in shards_to_write(dst_store, shards, found, done.keep):
-                progress.planned(plan.num_samples, plan.est_bytes, complete=plan.complete)
-                yield ShardJob(
-                    source, dst_store, format_name, shard, units, map_fn, on_error, map_dir, spec
-                )
-
-        ahead = list(itertools.islice(feed := jobs(), 2))  # one job is written in this process
-        runner = choice.runner(several=len(ahead) > 1)
-        feed = itertools.chain(ahead, feed)
-        del ahead  # the chain alone holds those two jobs, until they are written
-        try:
-            run_jobs(runner, feed, done, map_fn)
-        finally:
-            progress.close()
-        check_leftovers(dst_store, found, plan.shards)
-
-        # 4. finish: skip report, manifest (last), state cleanup
-        phase = "finishing"
+        # finish: skip report, manifest (last), state cleanup
         whole = plan.finish(replay)
-        result = _finish(dst_store, source, whole, done.records, plan_skipped, start, done.resumed)
-        add_source_facts(result, source)
+        result = _finish(dst_store, source, whole, done, plan_skipped, start)
         if framing and result.manifest and (text := measured_tar_overhead(result.manifest)):
             source.warnings.append(text)
             warn()
-        if not quiet:
-            progress.message(result.summary())
-        return result
-    except KeyboardInterrupt as exc:
-        interrupted = exc
-        pool = choice.started if choice is not None else None
-        if isinstance(pool, Pool) and phase == "writing" and not quiet:
-            stream.write(
-                "fastload convert: interrupted; the workers finish the shards they are writing "
-                "(Ctrl-C again to stop at once; those shards are then written again by a re-run)\n"
-            )
-            stream.flush()
-        raise
-    finally:
-        try:
-            if choice is not None and choice.started is not None:
-                choice.started.shutdown()  # waits for the workers: their writers are done after it
-        finally:
-            try:
-                if guard is not None:
-                    guard.release()
-                if interrupted is not None:
-                    shards_so_far = (
-                        plan.shards if plan is not None and phase != "planning" else None
-                    )
-                    complete = plan is not None and plan.complete
-                    text = interrupted_note(dst_store, shards_so_far, phase, complete)
-                    interrupted.add_note(text)
-                    if not quiet:
-                        stream.write(f"fastload convert: {text}\n")
-                        stream.flush()
-            finally:
-                escalation.close()
+        return _summary(result, progress, options.quiet)
 
 
 def _plan(
     source: Source,
-    fmt: Format,
-    format_name: str,
-    *,
-    on_error: str,
+    options: ConvertOptions,
     skipped: list[SkippedItem],
-    shuffle: bool,
-    seed: int,
-    prefix: str,
-    shard_samples: int | None,
-    shard_size: int | None,
-    map_fn: str | MapFn | None,
-    keep_units: bool,
     tokenize: TokenizerSpec | None,
 ) -> tuple[PlanStream, Callable[[], Iterable[Unit]]]:
     """Plan the conversion of ``source`` as it is enumerated: its samples in order (shuffled if
-    asked) cut into shards, each shard given with its units (if ``keep_units``) as soon as it is
+    asked) cut into shards, each shard given with its units (unless a dry run) as soon as it is
     cut; and how to enumerate the units again. Items that cannot be planned raise (as the stream
     reaches them) under ``on_error="raise"``, else go to ``skipped``.
     """
 
     def report(item: str, reason: str) -> None:
-        if on_error == "raise":
+        if options.on_error == "raise":
             raise ConversionError(
                 f"cannot convert {source.store.child_url(item) if ':' not in item else item}: "
                 f"{reason}; fix the input, or pass on_error='skip' (--on-error skip) to leave "
@@ -450,22 +294,91 @@ def _plan(
     def left_out(item: str, reason: str, duplicate_of: str | None) -> None:
         skipped.append(SkippedItem(item, reason, None, duplicate_of))
 
+    shuffle, seed = options.shuffle, options.seed
     units, replay = planned_units(source, Reporter(report, left_out), shuffle=shuffle, seed=seed)
-    options: dict[str, Any] = {
+    format_name, prefix = options.format_name, options.prefix
+    shard_samples, shard_size = options.shard_samples, options.size_limit
+    plan_options: dict[str, Any] = {
         "format": format_name,
         "shard_size": shard_size,
         "shard_samples": shard_samples,
         "shuffle": bool(shuffle),
         "seed": int(seed) if shuffle else None,
         "prefix": prefix,
-        "map": map_name(map_fn),
+        "map": map_name(options.map_fn),
         "source_type": SOURCES.canonical(source.type_name),
     }
     if tokenize is not None:  # only then: other plans keep their hashes
-        options["tokenize"] = tokenize.identity()
+        plan_options["tokenize"] = tokenize.identity()
     token_size = tokenize.token_size if tokenize is not None else None
-    layout = ShardLayout(format_name, fmt.extension, prefix, shard_samples, shard_size, token_size)
-    return PlanStream(units, layout, source.describe(), options, keep_units=keep_units), replay
+    extension = options.fmt.extension
+    layout = ShardLayout(format_name, extension, prefix, shard_samples, shard_size, token_size)
+    plan = PlanStream(
+        units, layout, source.describe(), plan_options, keep_units=not options.dry_run
+    )
+    return plan, replay
+
+
+def _jobs(
+    source: Source,
+    dst: Store,
+    shards: Iterator[tuple[ShardPlan, list[Unit]]],
+    found: Found,
+    done: ShardRecords,
+    plan: PlanStream,
+    options: ConvertOptions,
+    tokenize: TokenizerSpec | None,
+) -> Iterator[ShardJob]:
+    """The jobs of the shards still to write (those ``found`` done and kept go to
+    ``done.keep``), each planned as it is taken; the progress line's total follows the plan."""
+    for shard, units in shards_to_write(dst, shards, found, done.keep):
+        done.progress.planned(plan.num_samples, plan.est_bytes, complete=plan.complete)
+        yield ShardJob(
+            source,
+            dst,
+            options.format_name,
+            shard,
+            units,
+            options.map_fn,
+            options.on_error,
+            options.map_dir,
+            tokenize,
+        )
+
+
+def _dry_run(
+    dst: Store,
+    source: Source,
+    whole: ConversionPlan,
+    skipped: list[SkippedItem],
+    options: ConvertOptions,
+    start: float,
+) -> ConvertResult:
+    """The result of a dry run (nothing written), printed unless ``quiet``."""
+    result = ConvertResult(
+        url=dst.url,
+        format=options.format_name,
+        num_samples=whole.num_samples,
+        num_shards=len(whole.shards),
+        num_bytes=whole.est_bytes,
+        skipped=skipped,
+        dry_run=True,
+        plan_sha256=whole.sha256,
+        shard_names=[s.name for s in whole.shards],
+        elapsed=time.monotonic() - start,
+    )
+    add_source_facts(result, source)
+    if not options.quiet:
+        print_dry_run(options.stream, source, whole.shards, result)
+    return result
+
+
+def _summary(result: ConvertResult, progress: Progress, quiet: bool) -> ConvertResult:
+    """``result``, its summary printed (after the progress line) unless ``quiet``."""
+    progress.close()
+    if not quiet:
+        progress.message(result.summary())
+    return result
 
 
 def _whole(
@@ -492,13 +405,14 @@ def _finish(
     store: Store,
     source: Source,
     plan: ConversionPlan,
-    records: Mapping[str, dict[str, Any]],
+    done: ShardRecords,
     plan_skipped: list[SkippedItem],
     start: float,
-    resumed: int,
 ) -> ConvertResult:
-    """Complete the dataset from the done ``records`` of every shard: the skip report (or its
-    removal), then the manifest, last, then the removal of the conversion state."""
+    """Complete the dataset from the ``done`` records of every shard: the skip report (or its
+    removal), then the manifest, last, then the removal of the conversion state. The result
+    has the source's facts (type, classes, files left out, warnings so far)."""
+    records = done.records
     skipped = list(plan_skipped)
     infos: list[ShardInfo] = []
     dropped = 0
@@ -550,11 +464,13 @@ def _finish(
     with space_for(store, MANIFEST_NAME):
         write_manifest(store, manifest)
     clear_state(store)
-    return ConvertResult.for_dataset(
+    result = ConvertResult.for_dataset(
         store,
         manifest,
         plan_sha256=plan.sha256,
         skipped=skipped,
         elapsed=time.monotonic() - start,
-        resumed_shards=resumed,
+        resumed_shards=done.resumed,
     )
+    add_source_facts(result, source)
+    return result

@@ -249,7 +249,7 @@ def write_shipped_job(data: bytes, engine: str) -> dict[str, Any]:
 
 class ExecutorChoice:
     """Which executor writes a conversion's shards, decided once from the options and the
-    stores' capabilities, and started when it pays off.
+    capabilities of the stores and the executors, and started when it pays off.
 
     Shards are written in parallel unless this is a dry run, or (for the local engine) there is
     one worker or a store that other processes cannot see (``shared_across_processes``: a
@@ -257,7 +257,9 @@ class ExecutorChoice:
     before planning, what gains from it: a cluster engine's executor, or a pool whose workers
     import while the plan is made (forkserver, :func:`~fastload.convert._pool.
     starts_before_planning`). :meth:`runner` gives the executor for the jobs once the first two
-    are planned: one shard is written in this process. :attr:`started` is what must be stopped.
+    are planned: a single job is written in this process (:class:`InProcess`) unless the
+    executor runs single jobs too (:attr:`Executor.runs_single_job`: a cluster engine's task).
+    :meth:`stop_now` and :meth:`shutdown` stop what was started.
 
     Args:
         engine: The engine (``executor=``).
@@ -290,16 +292,36 @@ class ExecutorChoice:
 
     def start_early(self) -> None:
         """Start, before planning, the executor that gains from it (see the class docstring)."""
-        if self.parallel and self.engine.remote:
-            self.started = self.engine.open(self.address, self.source, self.dst)
-        elif self.parallel and starts_before_planning():
-            self.started = Pool(self.workers, self.fmt)
+        if self.parallel and (self.engine.remote or starts_before_planning()):
+            self._start()
 
     def runner(self, several: bool) -> Executor:
-        """The executor for the jobs, ``several`` of them or one (written in this process
-        unless a cluster engine runs it)."""
+        """The executor for the jobs, ``several`` of them or one (see the class docstring)."""
         if several and self.started is None and self.parallel:
-            self.started = Pool(self.workers, self.fmt)
-        if self.started is not None and (several or self.engine.remote):
+            self._start()
+        if self.started is not None and (several or self.started.runs_single_job):
             return self.started
         return InProcess()
+
+    def _start(self) -> None:
+        """Start the engine's executor: a cluster engine's, else this machine's pool."""
+        if self.engine.remote:
+            self.started = self.engine.open(self.address, self.source, self.dst)
+        else:
+            self.started = Pool(self.workers, self.fmt)
+
+    @property
+    def interrupt_notice(self) -> str | None:
+        """What the started executor's jobs do on a first Ctrl-C (:attr:`Executor.
+        interrupt_notice`), or None."""
+        return self.started.interrupt_notice if self.started is not None else None
+
+    def stop_now(self) -> None:
+        """Have the started executor abort its shards (a second Ctrl-C): only sets a flag."""
+        if self.started is not None:
+            self.started.stop_now()
+
+    def shutdown(self) -> None:
+        """Stop the started executor and wait for its jobs: their writers are done after it."""
+        if self.started is not None:
+            self.started.shutdown()

@@ -124,6 +124,13 @@ class Executor(ABC):
 
     #: Whether jobs are pickled to other processes (then a ``map_fn`` must be picklable).
     ships_jobs = False
+    #: Whether a conversion of a single shard uses this executor too (a cluster engine's task);
+    #: an executor that is not worth one shard (this machine's pool) leaves it to
+    #: :class:`InProcess`.
+    runs_single_job = True
+    #: What the shards being written become on a first Ctrl-C, told to the user before the
+    #: conversion waits for them; None: nothing worth telling.
+    interrupt_notice: str | None = None
 
     @abstractmethod
     def run(self, jobs: Iterator[ShardJob], done: ShardRecords) -> None:
@@ -173,6 +180,11 @@ class Pool(Executor):
     """
 
     ships_jobs = True
+    runs_single_job = False
+    interrupt_notice = (
+        "the workers finish the shards they are writing (Ctrl-C again to stop at once; those "
+        "shards are then written again by a re-run)"
+    )
 
     def __init__(self, n_workers: int, fmt: Format) -> None:
         ctx = pool_context()

@@ -12,9 +12,12 @@ import pytest
 
 from fastload.cli import main
 from fastload.convert import convert
+from fastload.convert._engines import ExecutorChoice, get_engine
 from fastload.convert._pool import InProcess
 from fastload.convert._progress import Progress
 from fastload.errors import InvalidArgumentError
+from fastload.formats import get_format
+from fastload.storage import open_store
 from fastload.testing.executors import ExecutorTests, check_writes_every_job
 from fastload.testing.hdfs import hdfs_cluster  # noqa: F401 - the HDFS test's fixture
 
@@ -54,6 +57,22 @@ def test_the_executor_and_its_address_options_are_checked(tmp_path: Path) -> Non
     with pytest.raises(SystemExit) as info:
         main(["convert", str(src), str(tmp_path / "out"), "--executor", "dask"])
     assert info.value.code == 2
+
+
+def test_the_executor_for_a_single_job_is_chosen_by_its_capability(tmp_path: Path) -> None:
+    # A single job is written in this process unless the executor started runs single jobs
+    # too (a cluster engine's task); the choice asks the executor, never its class.
+    stores = [open_store(str(tmp_path / name)) for name in ("src", "dst")]
+    choice = ExecutorChoice(get_engine("local"), 2, None, get_format("webdataset"), *stores, False)
+
+    class Started(InProcess):
+        runs_single_job = False
+
+    choice.started = Started()
+    assert type(choice.runner(several=False)) is InProcess
+    assert choice.runner(several=True) is choice.started
+    Started.runs_single_job = True
+    assert choice.runner(several=False) is choice.started
 
 
 def test_progress_while_the_plan_streams() -> None:

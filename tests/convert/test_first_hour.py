@@ -12,7 +12,9 @@ Command-line tests run the installed ``fastload`` command, as a user does.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import inspect
 import io
 import json
 import os
@@ -410,6 +412,25 @@ def test_option_errors_name_the_command_line_flags(tmp_path: Path) -> None:
     assert proc.returncode != 0
     assert proc.stderr.splitlines()[-1].endswith(f"error: {cases[('prefix', '_x')]}")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_options_object_has_every_keyword_of_convert_with_its_default() -> None:
+    # convert() checks its keywords once, as a ConvertOptions: one field per keyword, so that
+    # a keyword added to one and not the other fails here, not in a user's hands.
+    options_module = importlib.import_module("fastload.convert._options")
+    keywords = {
+        p.name: p.default
+        for p in inspect.signature(fc.convert).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+    fields = {
+        f.name: f.default for f in dataclasses.fields(options_module.ConvertOptions) if f.init
+    }
+    assert fields == keywords
+    options = options_module.ConvertOptions(format="wds", shard_samples=5, workers=3)
+    assert (options.format_name, options.size_limit, options.n_workers) == ("webdataset", None, 3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.workers = 4
 
 
 class _Stream:
