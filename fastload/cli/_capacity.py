@@ -8,7 +8,16 @@ import json
 from typing import Any
 
 from fastload._units import plural
-from fastload.cli._common import EXIT_OK, UsageError, add_command, count, out, positive_int, size
+from fastload.cli._common import (
+    EXIT_OK,
+    UsageError,
+    add_command,
+    block_size,
+    count,
+    out,
+    positive_int,
+    size,
+)
 
 __all__ = ["add"]
 
@@ -58,7 +67,8 @@ def add(sub: Any) -> None:
     t.add_argument("--cache-size", type=size, default=defaults.cache_bytes, help="per node")
     t.add_argument(
         "--block-size",
-        default=str(defaults.block_size),
+        type=block_size,
+        default=defaults.block_size,
         help="shuffle block in samples, or 'none' for the streaming shuffle",
     )
     t.add_argument("--window", type=positive_int, default=defaults.window)
@@ -114,10 +124,7 @@ def _run(args: argparse.Namespace) -> int:
     from fastload._capacity import Cluster, plan_capacity
     from fastload._units import format_bytes as _bytes
 
-    try:
-        block = None if args.block_size.lower() == "none" else positive_int(args.block_size)
-    except argparse.ArgumentTypeError as exc:
-        raise UsageError(f"--block-size: {exc} (or 'none')") from None
+    block = args.block_size
     work = _workload(args)
     target = Cluster(
         gpus=args.gpus,

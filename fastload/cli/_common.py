@@ -19,6 +19,7 @@ __all__ = [
     "EXIT_USAGE",
     "UsageError",
     "add_command",
+    "block_size",
     "count",
     "out",
     "positive_int",
@@ -123,6 +124,17 @@ def whole_number(minimum: int, wanted: str | None = None) -> Callable[[str], int
 positive_int = whole_number(1)
 #: argparse type: an int >= 0.
 count = whole_number(0)
+
+
+def block_size(text: str) -> int | None:
+    """argparse type: a shuffle block in samples (an int >= 1), or ``none`` for whole shards
+    (the streaming shuffle)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (or 'none')") from None
 
 
 def size(text: str) -> int:

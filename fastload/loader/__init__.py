@@ -39,6 +39,7 @@ from fastload.loader.order._order import (
     OrderOptions,
 )
 from fastload.loader.order._partition import Partition
+from fastload.loader.order._quality import OrderQuality, order_quality
 from fastload.loader.order._seeds import check_seed, pipeline_seed
 from fastload.loader.tokens._dataset import TokenDataset, open_tokens
 from fastload.loader.tokens._loader import TokenLoader
@@ -60,6 +61,7 @@ __all__ = [
     "Dataset",
     "EpochOrder",
     "OrderOptions",
+    "OrderQuality",
     "ReadOptions",
     "Resumable",
     "StoreOptions",
@@ -81,6 +83,7 @@ __all__ = [
     "mix",
     "open_dataset",
     "open_tokens",
+    "order_quality",
     "pack_bytes",
     "to_tuple",
 ]

@@ -18,6 +18,7 @@ import webdataset as wds
 from fastload import open_dataset
 from fastload.errors import ManifestTotalsError
 from fastload.formats import read_manifest
+from fastload.loader import OrderOptions, order_quality
 from fastload.storage import open_store
 
 # fastload.convert is also the function re-exported as fastload.convert once fastload/__init__.py
@@ -426,3 +427,22 @@ def test_inspect_json_streams_the_whole_document(many_shards: Path) -> None:
     assert [s["name"] for s in info["shards"]] == names
     assert info["num_shards"] == len(names) == 11
     assert len(info["samples"]) == 3
+
+
+def test_inspect_order_on_the_command_line(tmp_path: Path, image_folder: Any) -> None:
+    ds = _converted(tmp_path, image_folder, "webdataset", 4)
+    cli = [*CLI, "inspect", str(ds), "--order"]
+    proc = subprocess.run([*cli, "--batch-size", "4"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "21 samples in 6 shards, blocks of 64, window 64, seed 0" in proc.stdout
+    assert "shard-mates of a sample in its batch of 4" in proc.stdout
+    args = ["--json", "--batch-size", "4", "--block-size", "none", "--window", "2", "--seed", "1"]
+    doc = json.loads(subprocess.run([*cli, *args], capture_output=True, text=True).stdout)
+    assert doc["order"] == {"shuffle": True, "seed": 1, "block_size": None, "window": 2}
+    expected = order_quality(
+        [4, 4, 4, 4, 4, 1], OrderOptions(seed=1, block_size=None, window=2), batch_size=4
+    )
+    assert doc["mates_per_sample"] == pytest.approx(expected.mates_per_sample)
+    bad = subprocess.run([*cli, "--block-size", "0"], capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert "--block-size: must be at least 1, got 0 (or 'none')" in bad.stderr
