@@ -43,7 +43,8 @@ class Dataset(ShardedDataset, torch.utils.data.Dataset[Any]):
     """
 
     def __getitem__(self, index: int) -> Any:
-        """Sample ``index`` in dataset order, decoded and transformed (``None`` if skipped)."""
+        """Sample ``index`` in dataset order, decoded and transformed (``None`` if skipped, or
+        rejected by the dataset's ``filter``)."""
         if isinstance(index, bool) or not isinstance(index, int | np.integer):
             raise InvalidArgumentError(f"dataset index must be an int, got {index!r}")
         i = int(index)
@@ -65,4 +66,4 @@ class Dataset(ShardedDataset, torch.utils.data.Dataset[Any]):
                 raise
             log.debug("skipping undecodable sample %r: %s", raw.get("__key__"), exc)
             return None
-        return self.finish(decoded)
+        return self.finish(decoded) if self.keep(decoded) else None

@@ -335,7 +335,11 @@ class DataLoader:
                 if releaser is not None and meta.pooled:
                     releaser.track(batch, meta.worker, meta.pooled)
                 stats.add(
-                    size=meta.size, nbytes=meta.nbytes, padded=meta.padded, skipped=meta.skipped
+                    size=meta.size,
+                    nbytes=meta.nbytes,
+                    padded=meta.padded,
+                    skipped=meta.skipped,
+                    filtered=meta.filtered,
                 )
                 for i, n in enumerate(meta.sources):
                     self._source_samples[i] += n

@@ -34,6 +34,7 @@ def open_dataset(
     cache_dir: str | os.PathLike[str] | None = None,
     cache_size: int | str = DEFAULT_CACHE_SIZE,
     prefetch_shards: int = DEFAULT_PREFETCH_SHARDS,
+    filter: Callable[[Any], bool] | None = None,  # noqa: A002 - webdataset's name for it
 ) -> Dataset:
     """Open a dataset by its manifest (``fastload.json`` at ``url``), or shard URLs as they are.
 
@@ -85,6 +86,14 @@ def open_dataset(
             background, in the epoch's order. Workers that need the same shard share one
             download. ``0`` disables prefetching. Reserve ``prefetch_shards x workers x ranks per
             node`` shards of the cache budget for it.
+        filter: ``decoded sample -> bool``, applied in the workers after ``decode`` and before
+            ``transform``: a sample it rejects is not delivered and is counted in the loaders'
+            ``stats()["filtered"]``; every sample that passes is delivered exactly once per
+            epoch (the order, partition and resume are over all samples, so batches are short by
+            the rejected ones). It must be a pure function of the sample (the same answer on
+            every read, in every process) and picklable for worker processes. The map-style
+            ``ds[i]`` returns ``None`` for a rejected sample. Not applied by ``DALILoader``
+            (refused there).
 
     The manifest is always read from the store itself, not from the cache. Cached shards are
     assumed immutable: after overwriting a dataset in place, use a new ``cache_dir`` (or
@@ -96,7 +105,15 @@ def open_dataset(
         InvalidArgumentError: An option is invalid, or the format is unknown.
     """
     order = OrderOptions(shuffle, seed, block_size, window)
-    reading = ReadOptions(decode, transform, fields, on_error, max_open_shards, prefetch_shards)  # type: ignore[arg-type]
+    reading = ReadOptions(
+        decode,
+        transform,
+        fields,
+        on_error,  # type: ignore[arg-type]  # checked by ReadOptions
+        max_open_shards,
+        prefetch_shards,
+        filter,
+    )
     sources = StoreOptions(store_options, cache_dir, cache_size)
     if is_shard_pattern(url) or not isinstance(url, Store | str | os.PathLike):
         if not isinstance(url, str | Sequence):

@@ -5,7 +5,7 @@ adapter (:mod:`fastload.wds`) and ``fastload.dali.DALILoader`` keep their keywor
 each); they gather them into these objects first, and what they build takes the objects:
 
 * :class:`ReadOptions`: how samples are read and prepared (``decode``, ``transform``,
-  ``fields``, ``on_error``, ``max_open_shards``, ``prefetch_shards``), taken by
+  ``fields``, ``on_error``, ``max_open_shards``, ``prefetch_shards``, ``filter``), taken by
   :class:`~fastload.loader._shards.ShardedDataset`;
 * :class:`StoreOptions`: where the shards come from and the local cache in front
   (``store_options``, ``cache_dir``, ``cache_size``): :meth:`StoreOptions.open` is the one
@@ -47,7 +47,8 @@ class ReadOptions:
     Raises:
         InvalidArgumentError: A ``decode`` that is neither callable nor an image mode, a
             ``transform`` that is neither callable nor a mapping of callables, an unknown
-            ``on_error``, a bad ``max_open_shards`` or ``prefetch_shards``.
+            ``on_error``, a bad ``max_open_shards`` or ``prefetch_shards``, a ``filter`` that is
+            not callable.
     """
 
     decode: Decode = None
@@ -56,6 +57,7 @@ class ReadOptions:
     on_error: OnError = "raise"
     max_open_shards: int | None = None
     prefetch_shards: int = DEFAULT_PREFETCH_SHARDS
+    filter: Callable[[Any], bool] | None = None
     decoder: Callable[[dict[str, Any]], Any] | None = field(init=False, repr=False, compare=False)
     select: ToTuple | None = field(init=False, repr=False, compare=False)
 
@@ -83,6 +85,10 @@ class ReadOptions:
             for name, fn in transform.items():
                 if not callable(fn):
                     raise InvalidArgumentError(f"transform[{name!r}] is not callable: {fn!r}")
+        if self.filter is not None and not callable(self.filter):
+            raise InvalidArgumentError(
+                f"filter must be a callable taking a decoded sample, got {self.filter!r}"
+            )
         fields = (self.fields,) if isinstance(self.fields, str) else self.fields
         set_ = object.__setattr__
         set_(self, "decoder", decode)

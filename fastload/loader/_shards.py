@@ -135,6 +135,7 @@ class ShardedDataset:
         self.on_error: OnError = reading.on_error
         self.max_open_shards = reading.max_open_shards
         self.prefetch_shards = reading.prefetch_shards
+        self.filter = reading.filter
         self.shard_keys = [self._key(s.name) for s in manifest.shards]
         self.index_keys = [self._key(s.index) if s.index else None for s in manifest.shards]
         self.shard_sizes: IntArray = np.asarray(
@@ -414,6 +415,11 @@ class ShardedDataset:
         """Apply ``decode`` (if any) to a raw sample (read from ``shard``: a mix decodes with
         the shard's source)."""
         return raw if self.decode is None else self.decode(raw)
+
+    def keep(self, sample: Any, shard: int | None = None) -> bool:
+        """Whether the decoded ``sample`` (read from ``shard``: a mix asks the shard's source)
+        passes the dataset's ``filter`` (every sample does without one)."""
+        return self.filter is None or bool(self.filter(sample))
 
     def finish(self, sample: Any, shard: int | None = None) -> Any:
         """Apply ``transform`` and the ``fields`` selection to a decoded sample (from ``shard``:

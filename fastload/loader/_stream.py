@@ -11,8 +11,9 @@ Inside a worker, reads run ahead: while batch ``k`` is decoded, reader threads a
 samples of the worker's next batches (:mod:`fastload.loader._reads`).
 
 **Error accounting** (``on_error="skip"``/``"warn"``): a sample that cannot be read (corrupt data)
-or decoded is dropped from its batch and counted in the batch's :class:`BatchMeta` (``skipped``).
-For every global step the loader consumes, ``delivered + skipped`` equals the step's positions, so
+or decoded is dropped from its batch and counted in the batch's :class:`BatchMeta` (``skipped``;
+a sample the dataset's ``filter`` rejects likewise, in ``filtered``).
+For every global step the loader consumes, ``delivered + skipped + filtered`` equals the step's positions, so
 over an epoch every sample is delivered once or counted as skipped once (plus the counted padding).
 A batch whose samples were all skipped is still yielded, with zero rows, so that every rank yields
 the same number of batches. Store errors (missing shard, network) and ``transform`` errors always
@@ -80,8 +81,10 @@ log = logging.getLogger("fastload.loader")
 
 IntArray = npt.NDArray[np.int64]
 _TEMPLATE_TRIES = 1000
-#: What :meth:`BatchStream._process` returns for a sample the error policy drops.
+#: What :meth:`BatchStream._process` returns for a sample the error policy drops ...
 _SKIPPED = object()
+#: ... and for one the dataset's ``filter`` rejects.
+_FILTERED = object()
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,7 @@ class BatchMeta:
         size: Samples in the batch (after skips).
         padded: Padding positions in the batch (repeats of samples delivered elsewhere).
         skipped: Samples dropped as corrupt or undecodable.
+        filtered: Samples the dataset's ``filter`` rejected.
         nbytes: Bytes of the raw fields read for the batch.
         pooled: ``(inode, block, token)`` of the worker's reusable shared-memory blocks that the
             batch uses (see :class:`~fastload.loader._shm_pool.BufferPool`); empty without reuse.
@@ -109,6 +113,7 @@ class BatchMeta:
     padded: int
     skipped: int
     nbytes: int
+    filtered: int = 0
     pooled: tuple[tuple[int, int, int], ...] = ()
     sources: tuple[int, ...] = ()
 
@@ -370,7 +375,7 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
         samples: list[Any] = []
         delivered: list[int] = []  # dataset indices of the samples
         keys: list[str | None] = []  # their keys, for the default collation's errors
-        skipped = nbytes = 0
+        skipped = filtered = nbytes = 0
         shards, positions = planned.shards.tolist(), planned.positions.tolist()
         indices = planned.indices.tolist()
         for i in range(n):
@@ -391,6 +396,8 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
             sample = self._process(raw, where, shard, pos)
             if sample is _SKIPPED:
                 skipped += 1
+            elif sample is _FILTERED:
+                filtered += 1
             else:
                 samples.append(sample)
                 delivered.append(index)
@@ -409,12 +416,15 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
                 self._template = empty_like_batch(batch)
         else:
             batch = self._empty_batch(where, worker, planned.step)
-        meta = BatchMeta(planned.step, rank, worker, len(samples), planned.padded, skipped, nbytes)
+        meta = BatchMeta(
+            planned.step, rank, worker, len(samples), planned.padded, skipped, nbytes, filtered
+        )
         return dataclasses.replace(meta, pooled=pooled, sources=ds.source_counts(delivered)), batch
 
     def _process(self, raw: dict[str, Any], where: str, shard: int, pos: int) -> Any:
-        """Decode, transform and select one raw sample; :data:`_SKIPPED` when the error policy
-        drops it. Errors raise :class:`~fastload.errors.WorkerError` naming the sample."""
+        """Decode, filter, transform and select one raw sample; :data:`_SKIPPED` when the error
+        policy drops it, :data:`_FILTERED` when the dataset's ``filter`` rejects it. Errors
+        raise :class:`~fastload.errors.WorkerError` naming the sample."""
         ds = self.dataset
         try:
             decoded = ds.decode_raw(raw, shard)
@@ -427,6 +437,14 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
                 exc, f"{where}: decoding {sample} failed", "undecodable", sample, fatal
             )
             return _SKIPPED
+        try:
+            if not ds.keep(decoded, shard):
+                return _FILTERED
+        except Exception as exc:  # a bug in the predicate, not bad data
+            raise WorkerError(
+                f"{where}: filter failed on {ds.describe(shard, pos, raw.get('__key__'))}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
         try:
             return ds.finish(decoded, shard)
         except FormatError as exc:

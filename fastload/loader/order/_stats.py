@@ -9,19 +9,23 @@ __all__ = ["LoaderStats"]
 class LoaderStats:
     """Counters of one loader since it was made or reset (main process only, one thread)."""
 
-    __slots__ = ("batches", "elapsed", "nbytes", "padded", "samples", "skipped", "stall")
+    __slots__ = (
+        "batches", "elapsed", "filtered", "nbytes", "padded", "samples", "skipped", "stall",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.batches = self.samples = self.nbytes = self.padded = self.skipped = 0
+        self.filtered = 0
         self.elapsed = self.stall = 0.0
 
-    def add(self, *, size: int, nbytes: int, padded: int, skipped: int) -> None:
+    def add(self, *, size: int, nbytes: int, padded: int, skipped: int, filtered: int = 0) -> None:
         """Count one delivered batch."""
         self.batches += 1
         self.samples += size
         self.nbytes += nbytes
         self.padded += padded
         self.skipped += skipped
+        self.filtered += filtered
 
     def report(self, *, dropped_per_epoch: int, epoch: int, step: int) -> dict[str, float | int]:
         """The ``stats()`` dictionary.
@@ -30,6 +34,7 @@ class LoaderStats:
         ``elapsed_s`` (wall time inside iterations), ``samples_per_s``, ``bytes_per_s``,
         ``data_stall_s`` (time the training loop waited for the next batch), ``padded`` (repeated
         samples delivered to even out ranks), ``skipped`` (corrupt samples dropped),
+        ``filtered`` (samples the dataset's ``filter`` rejected),
         ``dropped_per_epoch`` (samples ``drop_last`` leaves out of each epoch), ``epoch``, ``step``.
 
         A loader whose dataset reads through a cache (``cache_dir=``) adds the node's cache
@@ -53,6 +58,7 @@ class LoaderStats:
             "data_stall_s": self.stall,
             "padded": self.padded,
             "skipped": self.skipped,
+            "filtered": self.filtered,
             "dropped_per_epoch": dropped_per_epoch,
             "epoch": epoch,
             "step": step,
