@@ -14,7 +14,22 @@ from typing import Any
 
 from fastload.errors import InvalidArgumentError, MissingDependencyError
 
-__all__ = ["PluginRegistry", "require"]
+__all__ = ["PluginRegistry", "missing_dependency", "require"]
+
+
+def missing_dependency(module: str, *, extra: str, feature: str) -> MissingDependencyError:
+    """The error for an optional dependency that is not installed, with the fix (for code that
+    imports the dependency with ``import`` statements and raises this from their ``ImportError``).
+
+    Args:
+        module: The module that is missing, e.g. ``"boto3"``.
+        extra: The fastload extra that installs it, e.g. ``"s3"``.
+        feature: What needs it, for the message, e.g. ``"the s3:// store"``.
+    """
+    return MissingDependencyError(
+        f"{feature} needs the Python package {module!r}, which is not installed; "
+        f"install it with: pip install 'fastload[{extra}]'"
+    )
 
 
 def require(module: str, *, extra: str, feature: str) -> Any:
@@ -28,10 +43,7 @@ def require(module: str, *, extra: str, feature: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise MissingDependencyError(
-            f"{feature} needs the Python package {module!r}, which is not installed; "
-            f"install it with: pip install 'fastload[{extra}]'"
-        ) from exc
+        raise missing_dependency(module, extra=extra, feature=feature) from exc
 
 
 @dataclass(frozen=True)

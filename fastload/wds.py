@@ -33,6 +33,11 @@ exactly one batch of it, a ``.shuffle(n)`` stage only reorders inside it, and no
 buffers crosses a chunk boundary. Under :class:`WebLoader` each worker sends one message per chunk,
 in step order, so the order of outputs does not depend on the number of workers, and a position is
 ``(epoch, step, outputs of that step already delivered)``.
+
+Needs the ``webdataset`` library (``pip install 'fastload[wds]'``); without it, importing this
+module raises :class:`~fastload.errors.MissingDependencyError` saying so. Nothing else in fastload
+imports ``webdataset``: :class:`fastload.loader.decode.Decoder` decodes webdataset's field
+extensions with fastload's own decoders.
 """
 
 from __future__ import annotations
@@ -45,10 +50,8 @@ from typing import Any, cast
 
 import torch
 import torch.utils.data
-from webdataset import filters
-from webdataset.compat import FluidInterface
-from webdataset.pipeline import DataPipeline
 
+from fastload._plugins import missing_dependency
 from fastload._units import check_int
 from fastload.errors import InvalidArgumentError, WorkerError
 from fastload.loader import (
@@ -61,6 +64,13 @@ from fastload.loader import (
     detect_rank_world,
     open_dataset,
 )
+
+try:  # the one module of fastload that imports webdataset (tests/test_structure.py keeps it so)
+    from webdataset import filters
+    from webdataset.compat import FluidInterface
+    from webdataset.pipeline import DataPipeline
+except ImportError as exc:
+    raise missing_dependency("webdataset", extra="wds", feature="fastload.wds") from exc
 
 __all__ = ["STATE_VERSION", "WebDataset", "WebLoader"]
 

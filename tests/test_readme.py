@@ -266,6 +266,7 @@ def test_extras_named_in_readme_exist() -> None:
         "s3": "boto3",
         "hdfs": "hdfs_native",
         "dali": "nvidia.dali",
+        "wds": "webdataset",
     }
     named = re.findall(r"pip install 'fastload\[(\w+)\]'", README.read_text())
     assert named

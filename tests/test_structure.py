@@ -263,3 +263,55 @@ def test_no_new_private_imports_across_packages() -> None:
 def test_the_private_import_allow_list_only_shrinks() -> None:
     gone = sorted(PRIVATE_IMPORTS_ALLOWED - private_imports(GRAPH))
     assert gone == [], f"these private imports are gone: remove them from the allow-list: {gone}"
+
+
+# ---- optional dependencies: who may import them ---------------------------------------------
+
+
+def third_party_imports(source: str) -> set[str]:
+    """The top-level names of the packages ``source`` imports anywhere (relative imports are
+    fastload's own and not counted): ``import a.b``, ``from a.b import c``, and the string
+    given to ``importlib.import_module``, ``__import__`` or fastload's ``require``."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module)
+        elif (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and (getattr(node.func, "id", None) or getattr(node.func, "attr", None))
+            in ("import_module", "__import__", "require")
+        ):
+            found.add(node.args[0].value)
+    return {name.partition(".")[0] for name in found}
+
+
+#: Optional packages (pyproject.toml's extras) and the only modules that may import them. A user
+#: without the extra can import every other module of fastload.
+OPTIONAL_IMPORTERS = {"webdataset": {"fastload.wds"}}
+
+
+def test_the_optional_import_checker_sees_imports() -> None:
+    source = (
+        "import webdataset.tenbin\nfrom .webdataset import x\n"
+        "def f():\n    from webdataset import autodecode\n"
+        "    importlib.import_module('webdataset.compat')\n    require('boto3', extra='s3')\n"
+        "from fastload.formats.webdataset import reader\n"
+    )
+    assert third_party_imports(source) == {"webdataset", "boto3", "fastload"}
+    assert third_party_imports("from . import webdataset\nimport os.path") == {"os"}
+
+
+@pytest.mark.parametrize("package", sorted(OPTIONAL_IMPORTERS))
+def test_optional_packages_are_imported_only_where_allowed(package: str) -> None:
+    importers = sorted(
+        n for n, p in MODULES.items() if package in third_party_imports(p.read_text())
+    )
+    assert importers == sorted(OPTIONAL_IMPORTERS[package]), (
+        f"only {sorted(OPTIONAL_IMPORTERS[package])} may import {package} (an optional extra); "
+        f"found in {importers}"
+    )

@@ -14,8 +14,8 @@ extension                     value
 ``npy``                       ``numpy.ndarray`` (``allow_pickle=False`` always)
 ``txt`` ``text``              ``str`` (UTF-8)
 ``mp`` ``msgpack``            the unpacked msgpack value
-``ten`` ``tb``                list of arrays (webdataset's ``tenbin``)
-``msg``                       the unpacked msgpack value (webdataset's decoder)
+``ten`` ``tb``                list of arrays (webdataset's ``tenbin`` layout)
+``msg``                       the unpacked msgpack value (msgpack's defaults, as webdataset)
 ``npz``                       ``dict`` name -> ``numpy.ndarray`` (object arrays refused)
 ``cbor``                      the CBOR value (needs the ``cbor`` package)
 ``jsn`` / ``inx``             JSON value / ``int`` (webdataset's spellings)
@@ -26,9 +26,11 @@ anything else                 ``bytes`` as stored
 ============================  ==========================================================
 
 The extensions of the ``webdataset`` ecosystem (``ten``, ``tb``, ``msg``, ``npz``, ``cbor``,
-``jsn``, ``inx``, ``pkl``, ``pth`` and ``.gz`` fields) are decoded by webdataset's own decoders
-(``webdataset.autodecode``), so a sample decodes to what ``wds.WebDataset(...).decode()`` gives;
-the library is imported on the first such field. Pickles stay refused unless ``allow_pickle``.
+``jsn``, ``inx``, ``pkl``, ``pth`` and ``.gz`` fields) are decoded by fastload's own decoders
+(:mod:`fastload.loader.images._wds_codecs`, which also specifies the tenbin layout) to the values
+``webdataset.autodecode``'s decoders give for the same bytes, so a sample decodes to what
+``wds.WebDataset(...).decode()`` gives (tested against the library); ``webdataset`` itself is not
+needed. Pickles stay refused unless ``allow_pickle``.
 
 Image modes (``image=``):
 
@@ -81,6 +83,7 @@ from fastload.errors import (
 )
 from fastload.formats import Sample, decode_sample
 from fastload.formats.manifest import IMAGE_EXTENSIONS
+from fastload.loader.images._wds_codecs import WDS_DECODERS, decode_pickle, decode_pth, gunzip
 from fastload.loader.order._sample_rng import rng_for
 
 __all__ = [
@@ -109,9 +112,10 @@ UNDECODED_IMAGE_EXTENSIONS: frozenset[str] = frozenset({"jxl", "avif"})
 #: list of image extensions) but for :data:`UNDECODED_IMAGE_EXTENSIONS`.
 DECODED_IMAGE_EXTENSIONS: frozenset[str] = IMAGE_EXTENSIONS - UNDECODED_IMAGE_EXTENSIONS
 
-#: Extensions decoded by ``webdataset.autodecode``'s decoders (those fastload's own codecs do
-#: not cover; ``npy``, ``mp``, ``json``, ``cls``, ``txt`` ... decode the same way either way).
-WEBDATASET_EXTENSIONS: frozenset[str] = frozenset({"ten", "tb", "msg", "npz", "cbor", "jsn", "inx"})
+#: The webdataset ecosystem's extensions that fastload's sample codecs do not cover, decoded to
+#: what ``webdataset.autodecode``'s decoders give (``npy``, ``mp``, ``json``, ``cls``, ``txt`` ...
+#: decode the same way either way).
+WEBDATASET_EXTENSIONS: frozenset[str] = frozenset(WDS_DECODERS)
 #: Extensions whose decoding unpickles (runs code): refused unless ``allow_pickle=True``.
 PICKLE_EXTENSIONS: frozenset[str] = frozenset({"pyd", "pickle", "pkl", "pth"})
 
@@ -173,13 +177,6 @@ def decode_image(data: bytes, mode: ImageMode = "rgb8") -> Any:
 
         return torch.from_numpy(arr).permute(2, 0, 1)
     return arr
-
-
-def _webdataset_decode(ext: str, data: bytes) -> Any:
-    """Decode ``data`` with ``webdataset.autodecode``'s decoder for ``ext``."""
-    from webdataset import autodecode
-
-    return autodecode.decoders[ext](data)  # npz: numpy.load with allow_pickle=False
 
 
 @functools.cache
@@ -254,13 +251,10 @@ class Decoder:
         self._gz_fields: dict[tuple[str, ...], tuple[str, ...]] = {}
 
     def _build_fields(self) -> dict[str, Callable[[bytes], Any]]:
-        fields: dict[str, Callable[[bytes], Any]] = {
-            ext: functools.partial(_webdataset_decode, ext) for ext in WEBDATASET_EXTENSIONS
-        }
-        for ext in ("pkl", "pth"):  # pyd and pickle are fastload codecs (refused the same way)
-            fields[ext] = functools.partial(
-                _webdataset_decode if self.allow_pickle else _refuse_pickle, ext
-            )
+        fields: dict[str, Callable[[bytes], Any]] = dict(WDS_DECODERS)
+        # pyd and pickle are fastload codecs (refused the same way)
+        for ext, decode in (("pkl", decode_pickle), ("pth", decode_pth)):
+            fields[ext] = decode if self.allow_pickle else functools.partial(_refuse_pickle, ext)
         if isinstance(self.image, str) and self.image != "bytes":
             image_fn = functools.partial(decode_image, mode=self.image)
             fields.update(dict.fromkeys(DECODED_IMAGE_EXTENSIONS, image_fn))
@@ -276,8 +270,8 @@ class Decoder:
             and any(k.rsplit(".", 1)[-1].lower() == "cbor" for k in keys if k[:2] != "__")
         ):
             raise MissingDependencyError(
-                "decoding .cbor fields needs the 'cbor' package, which webdataset's CBOR "
-                "decoder uses: pip install cbor (or pass extra={'cbor': bytes} to keep the bytes)"
+                "decoding .cbor fields needs the 'cbor' package (the CBOR decoder webdataset "
+                "uses too): pip install cbor (or pass extra={'cbor': bytes} to keep the bytes)"
             )
         gz = tuple(k for k in keys if k.endswith(".gz") and not k.startswith("__"))
         if len(self._gz_fields) < 256:
@@ -285,25 +279,23 @@ class Decoder:
         return gz
 
     def _decode_gz(self, sample: Mapping[str, Any], names: list[str]) -> Sample:
-        """Decode ``sample`` whose fields ``names`` end in ``.gz``: each is gunzipped (by
-        webdataset's ``gzfilter``) and decoded by the rest of its name, under its own name."""
-        from webdataset import autodecode
-
+        """Decode ``sample`` whose fields ``names`` end in ``.gz``: each is gunzipped and decoded
+        by the rest of its name, under its own name (as webdataset's ``gzfilter`` does)."""
         rest = {k: v for k, v in sample.items() if k not in names}
         out = self(rest)
         meta = {k: v for k, v in sample.items() if k.startswith("__")}
         for name in names:
             try:
-                inner = autodecode.gzfilter("." + name, bytes(sample[name]))
+                inner = gunzip(bytes(sample[name]))
             except Exception as exc:
                 raise CorruptDataError(
                     f"field {name!r} is not valid gzip ({type(exc).__name__}: {exc})",
                     url=str(sample.get("__url__", "")),
                     key=sample.get("__key__"),
                 ) from exc
-            inner_name = inner.key[1:]  # ".json.gz" -> ".json" -> "json"
-            out[name] = self({**meta, inner_name: inner.data})[inner_name]
-        return out
+            inner_name = name[: -len(".gz")]  # "json.gz" -> "json"
+            out[name] = self({**meta, inner_name: inner})[inner_name]
+        return {k: out[k] for k in sample}  # in the sample's order, as webdataset's
 
     def __call__(self, sample: Mapping[str, Any]) -> Sample:
         """Decode ``sample`` (fields as bytes, metadata such as ``__key__`` copied as is).
