@@ -16,6 +16,7 @@ The order of an epoch is a pure function of (seed, epoch) (:class:`EpochOrder`);
 into global steps, rank batches and worker tasks is pure arithmetic (:class:`Partition`).
 """
 
+from fastload.loader._batch_meta import BatchMeta
 from fastload.loader._collate import default_collate
 from fastload.loader._dataset import Dataset
 from fastload.loader._dist import Launch, detect_launch, detect_rank_world
@@ -25,7 +26,7 @@ from fastload.loader._options import ReadOptions, StoreOptions
 from fastload.loader._packed import PackedBytes, pack_bytes
 from fastload.loader._select import ToTuple, to_tuple
 from fastload.loader._shards import sample_nbytes
-from fastload.loader._stream import BatchMeta, BatchStream
+from fastload.loader._stream import BatchStream
 from fastload.loader.images._normalize import IMAGENET_MEAN, IMAGENET_STD
 from fastload.loader.mix._open import mix
 from fastload.loader.mix._samples import MixedDataset

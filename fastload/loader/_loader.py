@@ -42,11 +42,12 @@ import torch.utils.data
 
 from fastload._units import check_int
 from fastload.errors import FastloadError, InvalidArgumentError, WorkerError
+from fastload.loader._batch_meta import BatchMeta
 from fastload.loader._collate import BufferReleaser
 from fastload.loader._dataset import Dataset
 from fastload.loader._device import prefetch_to_device, resolve_device
 from fastload.loader._progress import WorkerProgress
-from fastload.loader._stream import BatchMeta, BatchStream
+from fastload.loader._stream import BatchStream
 from fastload.loader.order._cursor import EpochCursor
 from fastload.loader.order._partition import Partition
 

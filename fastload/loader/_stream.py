@@ -42,7 +42,6 @@ import dataclasses
 import logging
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -53,6 +52,7 @@ import torch.utils.data
 from fastload._lazy import current_pid
 from fastload._units import check_int
 from fastload.errors import FastloadError, FormatError, InvalidArgumentError, WorkerError
+from fastload.loader._batch_meta import BatchMeta
 from fastload.loader._collate import collate_batch, default_collate, empty_like_batch
 from fastload.loader._dist import detect_rank_world
 from fastload.loader._lookahead import ShardLookahead
@@ -71,7 +71,6 @@ from fastload.loader.order._seeds import RNG_SEED_KEY, check_seed, seed_global_r
 
 __all__ = [
     "DEFAULT_IO_THREADS",
-    "BatchMeta",
     "BatchStream",
     "WorkerProgress",
     "default_io_threads",
@@ -85,37 +84,6 @@ _TEMPLATE_TRIES = 1000
 _SKIPPED = object()
 #: ... and for one the dataset's ``filter`` rejects.
 _FILTERED = object()
-
-
-@dataclass(frozen=True)
-class BatchMeta:
-    """What a worker reports with each batch (travels beside it to the main process).
-
-    Attributes:
-        step: Global step of the batch.
-        rank: Rank that produced it.
-        worker: Worker id within the rank (0 without worker processes).
-        size: Samples in the batch (after skips).
-        padded: Padding positions in the batch (repeats of samples delivered elsewhere).
-        skipped: Samples dropped as corrupt or undecodable.
-        filtered: Samples the dataset's ``filter`` rejected.
-        nbytes: Bytes of the raw fields read for the batch.
-        pooled: ``(inode, block, token)`` of the worker's reusable shared-memory blocks that the
-            batch uses (see :class:`~fastload.loader._shm_pool.BufferPool`); empty without reuse.
-        sources: For a mix (:func:`fastload.mix`), the batch's samples of each source (after
-            skips); empty otherwise.
-    """
-
-    step: int
-    rank: int
-    worker: int
-    size: int
-    padded: int
-    skipped: int
-    nbytes: int
-    filtered: int = 0
-    pooled: tuple[tuple[int, int, int], ...] = ()
-    sources: tuple[int, ...] = ()
 
 
 class BatchStream(torch.utils.data.IterableDataset[Any]):
