@@ -162,6 +162,10 @@ def check_native(dataset: Dataset) -> None:
         raise InvalidArgumentError(
             "on_error='skip'/'warn' needs reader='external' (DALI's readers cannot skip)"
         )
+    if ds.subset is not None:
+        raise InvalidArgumentError(
+            "a subset= of a dataset needs reader='external' (DALI's readers read whole shards)"
+        )
 
 
 def local_paths(dataset: Dataset) -> tuple[list[str], list[str]]:

@@ -11,6 +11,7 @@ from fastload.formats import MANIFEST_NAME, read_manifest
 from fastload.loader._dataset import Dataset
 from fastload.loader._options import DEFAULT_PREFETCH_SHARDS, ReadOptions, StoreOptions
 from fastload.loader._select import Transform
+from fastload.loader._subset import SubsetSpec
 from fastload.loader._wds import is_shard_pattern, open_shard_urls
 from fastload.loader.order._order import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW, OrderOptions
 from fastload.storage import DEFAULT_CACHE_SIZE, Store
@@ -35,6 +36,7 @@ def open_dataset(
     cache_size: int | str = DEFAULT_CACHE_SIZE,
     prefetch_shards: int = DEFAULT_PREFETCH_SHARDS,
     filter: Callable[[Any], bool] | None = None,  # noqa: A002 - webdataset's name for it
+    subset: SubsetSpec = None,
 ) -> Dataset:
     """Open a dataset by its manifest (``fastload.json`` at ``url``), or shard URLs as they are.
 
@@ -94,6 +96,10 @@ def open_dataset(
             every read, in every process) and picklable for worker processes. The map-style
             ``ds[i]`` returns ``None`` for a rejected sample. Not applied by ``DALILoader``
             (refused there).
+        subset: Keep only samples ``[start, stop)`` of the dataset order (module doc of
+            :mod:`fastload.loader._subset`): ``0.1`` (the first 10 %), ``(0.9, 1.0)``,
+            ``(1000, 2000)`` or ``range(1000, 2000)``. The subset is read, shuffled,
+            partitioned and resumed as a dataset of its own; only its samples are read.
 
     The manifest is always read from the store itself, not from the cache. Cached shards are
     assumed immutable: after overwriting a dataset in place, use a new ``cache_dir`` (or
@@ -121,10 +127,10 @@ def open_dataset(
                 "open_dataset takes a dataset URL, a Store, a brace pattern of shard URLs or a "
                 f"list of shard URLs, got {type(url).__name__}"
             )
-        return open_shard_urls(url, sources=sources, order=order, reading=reading)
+        return open_shard_urls(url, sources=sources, order=order, reading=reading, subset=subset)
     store = sources.open(url)
     # The manifest decides what the shards are: read it from the store, never from a cache.
     source = store.uncached
     manifest = read_manifest(source, "")
     manifest.resolve_format(url=source.child_url(MANIFEST_NAME))  # fail early, naming the manifest
-    return Dataset(store, manifest, order=order, reading=reading)
+    return Dataset(store, manifest, order=order, reading=reading, subset=subset)

@@ -31,6 +31,7 @@ from fastload.formats.manifest import Manifest
 from fastload.loader._options import ReadOptions
 from fastload.loader._readers import ReaderCache, ReaderSlot, close_quietly, default_capacity
 from fastload.loader._select import ToTuple
+from fastload.loader._subset import SubsetSpec, parse_subset, subset_shards
 from fastload.loader.order._order import EpochOrder, OrderOptions, computes_order_version
 from fastload.loader.order._seeds import RNG_SEED_KEY, check_seed
 from fastload.storage import Store
@@ -118,6 +119,7 @@ class ShardedDataset:
         prefix: str = "",
         order: OrderOptions = OrderOptions(),  # noqa: B008 (frozen: one shared default is fine)
         reading: ReadOptions = ReadOptions(),  # noqa: B008
+        subset: SubsetSpec = None,
     ) -> None:
         self.store = store
         self.prefix = prefix.strip("/")
@@ -141,6 +143,10 @@ class ShardedDataset:
         self.shard_sizes: IntArray = np.asarray(
             [s.num_samples for s in manifest.shards], dtype=np.int64
         )
+        self.subset = parse_subset(subset, int(self.shard_sizes.sum()))
+        self._offsets: IntArray | None = None  # a subset's first sample in each shard
+        if self.subset is not None:
+            self.shard_sizes, self._offsets = subset_shards(self.shard_sizes, self.subset)
         self._starts: IntArray = np.zeros(len(self.shard_sizes), dtype=np.int64)
         if len(self.shard_sizes) > 1:
             np.cumsum(self.shard_sizes[:-1], out=self._starts[1:])
@@ -240,7 +246,8 @@ class ShardedDataset:
 
     def order_options(self) -> dict[str, Any]:
         """The options that define the epoch order (they go into loader state dicts)."""
-        return OrderOptions(self.shuffle, self.seed, self.block_size, self.window).state()
+        state = OrderOptions(self.shuffle, self.seed, self.block_size, self.window).state()
+        return state if self.subset is None else {**state, "subset": list(self.subset)}
 
     def continues_order(self, version: object) -> bool:
         """Whether a state saved with epoch-order ``version`` continues exactly here (this
@@ -313,7 +320,9 @@ class ShardedDataset:
         """``(shard numbers, positions in shard)`` of dataset indices."""
         idx = np.asarray(indices, dtype=np.int64)
         shard = np.searchsorted(self._starts, idx, side="right") - 1
-        return shard, idx - self._starts[shard]
+        if self._offsets is None:
+            return shard, idx - self._starts[shard]
+        return shard, idx - self._starts[shard] + self._offsets[shard]
 
     # ---- reading ----------------------------------------------------------------------------
 
@@ -328,7 +337,7 @@ class ShardedDataset:
             self.shard_keys[shard],
             on_error=self.on_error,
             index_key=self.index_keys[shard],
-            num_samples=int(self.shard_sizes[shard]),
+            num_samples=self.manifest.shards[shard].num_samples,
             num_bytes=self.manifest.shards[shard].num_bytes,
             sha256=self.manifest.shards[shard].sha256,
         )
@@ -391,7 +400,8 @@ class ShardedDataset:
         if ahead is None and self.on_error == "raise":
             raise CorruptDataError(
                 f"sample {pos} is missing: the dataset manifest says the shard holds "
-                f"{int(self.shard_sizes[shard])} samples, but it ended before sample {pos}; the "
+                f"{self.manifest.shards[shard].num_samples} samples, but it ended before sample "
+                f"{pos}; the "
                 f"shard is damaged or the manifest is wrong (check with `fastload verify "
                 f"{self.url}`){DAMAGED_SHARD_REMEDY}",
                 url=self.shard_url(shard),

@@ -27,6 +27,7 @@ from fastload.formats.webdataset import (
 )
 from fastload.loader._dataset import Dataset
 from fastload.loader._options import ReadOptions, StoreOptions
+from fastload.loader._subset import SubsetSpec
 from fastload.loader.order._order import OrderOptions
 from fastload.storage import (
     DEFAULT_READ_CHUNK,
@@ -271,6 +272,7 @@ def open_shard_urls(
     sources: StoreOptions,
     order: OrderOptions,
     reading: ReadOptions,
+    subset: SubsetSpec = None,
 ) -> Dataset:
     """A :class:`~fastload.loader.Dataset` over shard URLs (a brace pattern or a list), indexed
     on the fly (see :func:`shard_list_manifest` for what is read and checked).
@@ -289,4 +291,4 @@ def open_shard_urls(
     base = open_store(root, **(sources.store_options or {}))  # the cache goes in front of the
     manifest, built = shard_list_manifest(base, keys)  # indexes built here, not of the base
     store: Store = _BuiltIndexStore(base, built) if built else base
-    return Dataset(sources.cache(store), manifest, order=order, reading=reading)
+    return Dataset(sources.cache(store), manifest, order=order, reading=reading, subset=subset)

@@ -165,7 +165,7 @@ class MixedDataset(MixIdentity, Dataset):
         self.window = self.plan.window
         self.on_error = sources[0].on_error
         self.select = sources[0].select
-        self.decode = self.transform = self.filter = None
+        self.decode = self.transform = self.filter = self.subset = None
         self.store = sources[0].store
         same_store = all(s.store is self.store for s in sources)
         # The lookahead prefetches through ``self.store``: only when every source reads from it.
