@@ -62,11 +62,11 @@ def resolve_dataset(
     (local files do not: they are read in place)."""
     sources = StoreOptions(store_options, cache_dir, cache_size, entry="DALILoader")
     if isinstance(dataset, Dataset):
-        if dataset.filter is not None:
+        if dataset.filter is not None or dataset.key_selection is not None:
             raise InvalidArgumentError(
-                "DALILoader does not apply a dataset's filter= (its pipeline decodes the image "
-                "bytes, not a decoded sample): open the dataset without filter=, or load it with "
-                "fastload.DataLoader"
+                "DALILoader does not apply a dataset's filter=, key-list subset= or split= (its "
+                "pipeline takes every sample of its steps): open the dataset without them, or "
+                "load it with fastload.DataLoader"
             )
         if sources.store_options:
             raise InvalidArgumentError(

@@ -54,7 +54,7 @@ class Dataset(ShardedDataset, torch.utils.data.Dataset[Any]):
             raise IndexError(f"index {index} out of range for {self.num_samples} samples")
         shard, pos = (int(x) for x in self.locate(i))
         raw = self.read_raw(shard, pos)
-        if raw is None:
+        if raw is None or not self.keep_raw(raw):
             return None
         try:
             decoded = self.decode_raw(raw)

@@ -37,6 +37,7 @@ def open_dataset(
     prefetch_shards: int = DEFAULT_PREFETCH_SHARDS,
     filter: Callable[[Any], bool] | None = None,  # noqa: A002 - webdataset's name for it
     subset: SubsetSpec = None,
+    split: tuple[float, float] | None = None,
 ) -> Dataset:
     """Open a dataset by its manifest (``fastload.json`` at ``url``), or shard URLs as they are.
 
@@ -99,7 +100,13 @@ def open_dataset(
         subset: Keep only samples ``[start, stop)`` of the dataset order (module doc of
             :mod:`fastload.loader._subset`): ``0.1`` (the first 10 %), ``(0.9, 1.0)``,
             ``(1000, 2000)`` or ``range(1000, 2000)``. The subset is read, shuffled,
-            partitioned and resumed as a dataset of its own; only its samples are read.
+            partitioned and resumed as a dataset of its own; only its samples are read. A
+            list of keys keeps those samples (every sample is read to learn its key; the others
+            are dropped before ``decode`` and counted as ``filtered``).
+        split: ``(lo, hi)``, the deterministic split by key hash: keep the samples whose key
+            hashes into ``[lo, hi)`` of ``[0, 1)`` (``(0.0, 0.9)`` to train, ``(0.9, 1.0)`` to
+            validate: disjoint, covering, the same everywhere). Reads every sample, as a key
+            list does.
 
     The manifest is always read from the store itself, not from the cache. Cached shards are
     assumed immutable: after overwriting a dataset in place, use a new ``cache_dir`` (or
@@ -133,4 +140,4 @@ def open_dataset(
     source = store.uncached
     manifest = read_manifest(source, "")
     manifest.resolve_format(url=source.child_url(MANIFEST_NAME))  # fail early, naming the manifest
-    return Dataset(store, manifest, order=order, reading=reading, subset=subset)
+    return Dataset(store, manifest, order=order, reading=reading, subset=subset, split=split)

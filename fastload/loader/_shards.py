@@ -31,7 +31,7 @@ from fastload.formats.manifest import Manifest
 from fastload.loader._options import ReadOptions
 from fastload.loader._readers import ReaderCache, ReaderSlot, close_quietly, default_capacity
 from fastload.loader._select import ToTuple
-from fastload.loader._subset import SubsetSpec, parse_subset, subset_shards
+from fastload.loader._subset import KeySelection, SubsetSpec, parse_subset, subset_shards
 from fastload.loader.order._order import EpochOrder, OrderOptions, computes_order_version
 from fastload.loader.order._seeds import RNG_SEED_KEY, check_seed
 from fastload.storage import Store
@@ -120,6 +120,7 @@ class ShardedDataset:
         order: OrderOptions = OrderOptions(),  # noqa: B008 (frozen: one shared default is fine)
         reading: ReadOptions = ReadOptions(),  # noqa: B008
         subset: SubsetSpec = None,
+        split: tuple[float, float] | None = None,
     ) -> None:
         self.store = store
         self.prefix = prefix.strip("/")
@@ -144,6 +145,7 @@ class ShardedDataset:
             [s.num_samples for s in manifest.shards], dtype=np.int64
         )
         self.subset = parse_subset(subset, int(self.shard_sizes.sum()))
+        self.key_selection = KeySelection.of(subset, split)
         self._offsets: IntArray | None = None  # a subset's first sample in each shard
         if self.subset is not None:
             self.shard_sizes, self._offsets = subset_shards(self.shard_sizes, self.subset)
@@ -247,7 +249,9 @@ class ShardedDataset:
     def order_options(self) -> dict[str, Any]:
         """The options that define the epoch order (they go into loader state dicts)."""
         state = OrderOptions(self.shuffle, self.seed, self.block_size, self.window).state()
-        return state if self.subset is None else {**state, "subset": list(self.subset)}
+        if self.subset is not None:
+            state["subset"] = list(self.subset)
+        return state if self.key_selection is None else {**state, **self.key_selection.state()}
 
     def continues_order(self, version: object) -> bool:
         """Whether a state saved with epoch-order ``version`` continues exactly here (this
@@ -425,6 +429,11 @@ class ShardedDataset:
         """Apply ``decode`` (if any) to a raw sample (read from ``shard``: a mix decodes with
         the shard's source)."""
         return raw if self.decode is None else self.decode(raw)
+
+    def keep_raw(self, raw: dict[str, Any], shard: int | None = None) -> bool:
+        """Whether the raw sample (read from ``shard``: a mix asks the shard's source) is kept
+        by the dataset's key selection (a key-list ``subset``, a ``split``); before decoding."""
+        return self.key_selection is None or self.key_selection(raw.get("__key__"))
 
     def keep(self, sample: Any, shard: int | None = None) -> bool:
         """Whether the decoded ``sample`` (read from ``shard``: a mix asks the shard's source)

@@ -394,6 +394,8 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
         policy drops it, :data:`_FILTERED` when the dataset's ``filter`` rejects it. Errors
         raise :class:`~fastload.errors.WorkerError` naming the sample."""
         ds = self.dataset
+        if not ds.keep_raw(raw, shard):
+            return _FILTERED
         try:
             decoded = ds.decode_raw(raw, shard)
         except Exception as exc:

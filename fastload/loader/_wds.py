@@ -273,6 +273,7 @@ def open_shard_urls(
     order: OrderOptions,
     reading: ReadOptions,
     subset: SubsetSpec = None,
+    split: tuple[float, float] | None = None,
 ) -> Dataset:
     """A :class:`~fastload.loader.Dataset` over shard URLs (a brace pattern or a list), indexed
     on the fly (see :func:`shard_list_manifest` for what is read and checked).
@@ -291,4 +292,5 @@ def open_shard_urls(
     base = open_store(root, **(sources.store_options or {}))  # the cache goes in front of the
     manifest, built = shard_list_manifest(base, keys)  # indexes built here, not of the base
     store: Store = _BuiltIndexStore(base, built) if built else base
-    return Dataset(sources.cache(store), manifest, order=order, reading=reading, subset=subset)
+    store = sources.cache(store)
+    return Dataset(store, manifest, order=order, reading=reading, subset=subset, split=split)

@@ -114,3 +114,44 @@ def test_real_and_sequential_readers_start_at_the_cut(
         ds = fl.open_dataset(root, subset=(5, 19), shuffle=False)
     loader = fl.DataLoader(ds, batch_size=4, collate_fn=fake.keys_collate)
     assert [k for batch in loader for k in batch] == fake.all_keys(SIZES)[5:19]
+
+
+def _delivered(fake: SimpleNamespace, ds: fl.Dataset, workers: int = 0) -> list[str]:
+    loader = fl.DataLoader(ds, batch_size=3, num_workers=workers, collate_fn=fake.keys_collate)
+    return [k for batch in loader for k in batch]
+
+
+def test_a_key_list_keeps_those_samples(fake: SimpleNamespace) -> None:
+    wanted = [fake.key_of(0, 1), fake.key_of(1, 4), fake.key_of(2, 0), fake.key_of(2, 10)]
+    ds = fake.make_dataset(SIZES, subset=set(wanted), seed=1)
+    assert len(ds) == 23  # the keys are learnt by reading: the order is the whole dataset's
+    loader = fl.DataLoader(ds, batch_size=3, num_workers=2, collate_fn=fake.keys_collate)
+    assert sorted(k for batch in loader for k in batch) == sorted(wanted)
+    assert loader.stats()["filtered"] == 23 - 4
+    assert ds[1] is not None
+    assert ds[0] is None
+
+
+def test_the_key_hash_split_is_disjoint_covering_and_stable(fake: SimpleNamespace) -> None:
+    import hashlib
+
+    store = fake.build_store(SIZES)
+    train = _delivered(fake, fl.open_dataset(store, split=(0.0, 0.7)), workers=2)
+    val = _delivered(fake, fl.open_dataset(store, split=(0.7, 1.0)))
+    assert sorted(train + val) == sorted(fake.all_keys(SIZES))  # disjoint and covering
+    assert 0 < len(val) < len(train)
+    # The hash is BLAKE2b's first 8 bytes of the UTF-8 key, big-endian, over 2**64: the same
+    # on every machine, so a key's split can be computed outside fastload.
+    for key in fake.all_keys(SIZES):
+        h = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") / 2**64
+        assert (key in val) == (h >= 0.7)
+    state = fl.DataLoader(fl.open_dataset(store, split=(0.0, 0.7)), batch_size=2).state_dict()
+    other = fl.DataLoader(fl.open_dataset(store, split=(0.7, 1.0)), batch_size=2)
+    with pytest.raises(InvalidArgumentError, match=r"split=\[0.0, 0.7\]"):
+        other.load_state_dict(state)
+
+
+@pytest.mark.parametrize("split", [(0.5, 0.5), (0.2, 1.5), (-0.1, 0.5), (0.1,), "train", (True, 1)])
+def test_bad_splits(fake: SimpleNamespace, split: Any) -> None:
+    with pytest.raises(InvalidArgumentError, match="split must be"):
+        fake.make_dataset(SIZES, split=split)

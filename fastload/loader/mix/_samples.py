@@ -165,7 +165,7 @@ class MixedDataset(MixIdentity, Dataset):
         self.window = self.plan.window
         self.on_error = sources[0].on_error
         self.select = sources[0].select
-        self.decode = self.transform = self.filter = self.subset = None
+        self.decode = self.transform = self.filter = self.subset = self.key_selection = None
         self.store = sources[0].store
         same_store = all(s.store is self.store for s in sources)
         # The lookahead prefetches through ``self.store``: only when every source reads from it.
@@ -301,6 +301,10 @@ class MixedDataset(MixIdentity, Dataset):
     def decode_raw(self, raw: dict[str, Any], shard: int | None = None) -> Any:
         """Decode with the ``decode`` of the source of ``shard`` (required for a mix)."""
         return self._steps_of(shard).decode_raw(raw)
+
+    def keep_raw(self, raw: dict[str, Any], shard: int | None = None) -> bool:
+        """Whether ``raw`` passes the key selection of the source of ``shard`` (required)."""
+        return self._steps_of(shard).keep_raw(raw)
 
     def keep(self, sample: Any, shard: int | None = None) -> bool:
         """Whether ``sample`` passes the ``filter`` of the source of ``shard`` (required)."""
