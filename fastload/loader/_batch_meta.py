@@ -21,6 +21,9 @@ class BatchMeta:
         skipped: Samples dropped as corrupt or undecodable.
         filtered: Samples the dataset's ``filter`` rejected.
         nbytes: Bytes of the raw fields read for the batch.
+        stages: Seconds the worker spent on the batch in each stage: waiting for its samples'
+            reads (storage or cache; the reads run ahead in threads, so this is what they did not
+            hide), decoding, transforming (``filter``, ``transform`` and ``fields``), collating.
         pooled: ``(inode, block, token)`` of the worker's reusable shared-memory blocks that the
             batch uses (see :class:`~fastload.loader._shm_pool.BufferPool`); empty without reuse.
         sources: For a mix (:func:`fastload.mix`), the batch's samples of each source (after
@@ -35,5 +38,6 @@ class BatchMeta:
     skipped: int
     nbytes: int
     filtered: int = 0
+    stages: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     pooled: tuple[tuple[int, int, int], ...] = ()
     sources: tuple[int, ...] = ()

@@ -341,6 +341,7 @@ class DataLoader:
                     padded=meta.padded,
                     skipped=meta.skipped,
                     filtered=meta.filtered,
+                    stages=meta.stages,
                 )
                 for i, n in enumerate(meta.sources):
                     self._source_samples[i] += n

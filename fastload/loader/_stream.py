@@ -42,6 +42,7 @@ import dataclasses
 import logging
 from collections import deque
 from collections.abc import Callable, Iterator
+from time import perf_counter
 from typing import Any
 
 import numpy as np
@@ -152,6 +153,7 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
         self.set_epoch(epoch)
         self._reads = BatchReads(dataset, self.partition, io_threads)
         self._template: Any = None
+        self._decode_s = 0.0  # decode seconds of the batch being made (in its worker)
         self._progress: ProgressTable | None = None
         self._release: torch.Tensor | None = None  # [worker, block] -> 0 or token; shared
         self._buffers: BufferPool | None = None
@@ -337,8 +339,11 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
         n = len(planned.indices)
         raws: list[dict[str, Any] | None] = [None] * n
         errors: list[BaseException | None] = [None] * n
+        t_read = perf_counter()
         for i, raw, err in BatchReads.results(reads):
             raws[i], errors[i] = raw, err
+        t_prepare = perf_counter()
+        self._decode_s = 0.0
         where = f"rank {rank}, worker {worker}, global step {planned.step}"
         samples: list[Any] = []
         delivered: list[int] = []  # dataset indices of the samples
@@ -371,6 +376,7 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
                 delivered.append(index)
                 keys.append(raw.get("__key__"))
         pooled: tuple[tuple[int, int, int], ...] = ()
+        t_collate = perf_counter()
         if samples:
             buffers = self._buffers if self._buffers_pid == current_pid() else None
             previous = set_buffer_pool(buffers)
@@ -384,9 +390,12 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
                 self._template = empty_like_batch(batch)
         else:
             batch = self._empty_batch(where, worker, planned.step)
+        prepare_s = t_collate - t_prepare
+        stages = (t_prepare - t_read, self._decode_s, prepare_s - self._decode_s)
         meta = BatchMeta(
-            planned.step, rank, worker, len(samples), planned.padded, skipped, nbytes, filtered
-        )
+            planned.step, rank, worker, len(samples), planned.padded, skipped, nbytes, filtered,
+            stages=(*stages, perf_counter() - t_collate),
+        )  # fmt: skip
         return dataclasses.replace(meta, pooled=pooled, sources=ds.source_counts(delivered)), batch
 
     def _process(self, raw: dict[str, Any], where: str, shard: int, pos: int) -> Any:
@@ -396,8 +405,10 @@ class BatchStream(torch.utils.data.IterableDataset[Any]):
         ds = self.dataset
         if not ds.keep_raw(raw, shard):
             return _FILTERED
+        t_decode = perf_counter()
         try:
             decoded = ds.decode_raw(raw, shard)
+            self._decode_s += perf_counter() - t_decode
         except Exception as exc:
             sample = ds.describe(shard, pos, raw.get("__key__"))
             # A missing package or a refused pickle is a setup problem, not bad data: it would

@@ -10,22 +10,38 @@ class LoaderStats:
     """Counters of one loader since it was made or reset (main process only, one thread)."""
 
     __slots__ = (
-        "batches", "elapsed", "filtered", "nbytes", "padded", "samples", "skipped", "stall",
+        "batches", "elapsed", "filtered", "nbytes", "padded", "samples", "skipped", "stages",
+        "stall",
     )  # fmt: skip
+
+    #: The ``stats()`` keys of the workers' stages, in :attr:`BatchMeta.stages` order.
+    STAGES = ("read_s", "decode_s", "transform_s", "collate_s")
 
     def __init__(self) -> None:
         self.batches = self.samples = self.nbytes = self.padded = self.skipped = 0
         self.filtered = 0
         self.elapsed = self.stall = 0.0
+        self.stages = [0.0] * len(self.STAGES)
 
-    def add(self, *, size: int, nbytes: int, padded: int, skipped: int, filtered: int = 0) -> None:
-        """Count one delivered batch."""
+    def add(
+        self,
+        *,
+        size: int,
+        nbytes: int,
+        padded: int,
+        skipped: int,
+        filtered: int = 0,
+        stages: tuple[float, ...] = (),
+    ) -> None:
+        """Count one delivered batch (``stages``: its workers' seconds per stage, if known)."""
         self.batches += 1
         self.samples += size
         self.nbytes += nbytes
         self.padded += padded
         self.skipped += skipped
         self.filtered += filtered
+        for i, seconds in enumerate(stages):
+            self.stages[i] += seconds
 
     def report(self, *, dropped_per_epoch: int, epoch: int, step: int) -> dict[str, float | int]:
         """The ``stats()`` dictionary.
@@ -34,7 +50,10 @@ class LoaderStats:
         ``elapsed_s`` (wall time inside iterations), ``samples_per_s``, ``bytes_per_s``,
         ``data_stall_s`` (time the training loop waited for the next batch), ``padded`` (repeated
         samples delivered to even out ranks), ``skipped`` (corrupt samples dropped),
-        ``filtered`` (samples the dataset's ``filter`` rejected),
+        ``filtered`` (samples the dataset's ``filter`` rejected), and where the workers' time
+        went, summed over this rank's workers: ``read_s`` (waiting for reads the read-ahead did
+        not hide: storage, cache fills), ``decode_s``, ``transform_s`` (``filter``,
+        ``transform``, ``fields``), ``collate_s`` (0 for loaders that do not report them),
         ``dropped_per_epoch`` (samples ``drop_last`` leaves out of each epoch), ``epoch``, ``step``.
 
         A loader whose dataset reads through a cache (``cache_dir=``) adds the node's cache
@@ -59,6 +78,7 @@ class LoaderStats:
             "padded": self.padded,
             "skipped": self.skipped,
             "filtered": self.filtered,
+            **dict(zip(self.STAGES, self.stages, strict=True)),
             "dropped_per_epoch": dropped_per_epoch,
             "epoch": epoch,
             "step": step,
