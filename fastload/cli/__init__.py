@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 
 from fastload._os import interrupts_ignored
 from fastload._version import __version__
-from fastload.cli import _capacity, _convert, _tools
+from fastload.cli import _capacity, _convert, _report, _tools
 from fastload.cli._common import (
     EXIT_CODES_HELP,
     EXIT_ERROR,
@@ -68,6 +68,7 @@ SUBCOMMANDS: dict[str, Callable[[Any], None]] = {
     "verify": _tools.add_verify,
     "index": _tools.add_index,
     "plan-capacity": _capacity.add,
+    "report": _report.add,
 }
 
 

@@ -26,6 +26,7 @@ from fastload.loader._options import ReadOptions, StoreOptions
 from fastload.loader._packed import PackedBytes, pack_bytes
 from fastload.loader._select import ToTuple, to_tuple
 from fastload.loader._shards import sample_nbytes
+from fastload.loader._stats_log import StatsLog, log_stats
 from fastload.loader._stream import BatchStream
 from fastload.loader.images._normalize import IMAGENET_MEAN, IMAGENET_STD
 from fastload.loader.mix._open import mix
@@ -65,6 +66,7 @@ __all__ = [
     "OrderQuality",
     "ReadOptions",
     "Resumable",
+    "StatsLog",
     "StoreOptions",
     "Launch",
     "MixRoundingWarning",
@@ -83,6 +85,7 @@ __all__ = [
     "detect_rank_world",
     "mix",
     "open_dataset",
+    "log_stats",
     "open_tokens",
     "order_quality",
     "pack_bytes",
