@@ -12,6 +12,15 @@ from typing import Any
 
 from fastload._plugins import PluginRegistry
 from fastload.convert._progress import plural
+from fastload.convert.sources._arrow import (
+    ARROW_EXTENSIONS,
+    ArrowBackedDataset,
+    ArrowSource,
+    HuggingFaceSource,
+    arrow_files_of,
+    hf_dataset_dict_error,
+    is_hf_saved_dataset,
+)
 from fastload.convert.sources._base import (
     Source,
     few,
@@ -42,7 +51,7 @@ _JSONL_EXT = frozenset({"jsonl", "ndjson"})
 _TEXT_EXT = frozenset({"txt"})
 _CSV_EXT = frozenset({"csv"})
 _PARQUET_EXT = frozenset({"parquet", "pq"})
-_RECORD_EXT = _JSONL_EXT | _TEXT_EXT | _CSV_EXT | _PARQUET_EXT
+_RECORD_EXT = _JSONL_EXT | _TEXT_EXT | _CSV_EXT | _PARQUET_EXT | ARROW_EXTENSIONS
 
 
 SOURCES = PluginRegistry(
@@ -58,6 +67,16 @@ SOURCES.register("text", TextSource, aliases=("txt", "lines"))
 # MissingDependencyError when the source is opened, never an error per file or record.
 SOURCES.register("csv", CsvSource, extra="parquet", modules=("pyarrow",))
 SOURCES.register("parquet", ParquetSource, extra="parquet", modules=("pyarrow",), aliases=("pq",))
+SOURCES.register(
+    "arrow", ArrowSource, extra="parquet", modules=("pyarrow",), aliases=("feather", "ipc")
+)
+SOURCES.register(
+    "huggingface",
+    HuggingFaceSource,
+    extra="parquet",
+    modules=("pyarrow",),
+    aliases=("hf", "hf-datasets", "datasets"),
+)
 SOURCES.register("shards", ShardSource, aliases=("webdataset", "wds", "tfrecord", "lmdb"))
 
 _RECORD_TYPES = (
@@ -65,6 +84,7 @@ _RECORD_TYPES = (
     (_TEXT_EXT, "text"),
     (_CSV_EXT, "csv"),
     (_PARQUET_EXT, "parquet"),
+    (ARROW_EXTENSIONS, "arrow"),
 )
 
 
@@ -118,6 +138,15 @@ def _detect(
         raise InvalidArgumentError(
             f"no input files in {store.url} (empty input; hidden files are ignored)"
         )
+    dataset_dict = (
+        hf_dataset_dict_error(store, where or store.url)
+        if keys is None and "dataset_dict.json" in names
+        else None
+    )
+    if dataset_dict is not None:
+        raise dataset_dict
+    if keys is None and is_hf_saved_dataset(names):
+        return "huggingface", []
     exts = {file_extension(n) for n in names}
     for family, name in _RECORD_TYPES:
         if exts <= family:
@@ -172,7 +201,9 @@ def detect_source_type(
 ) -> str:
     """Guess the source type of a corpus (see ``fastload/convert/README.md``).
 
-    Order: a ``fastload.json`` → ``shards``; all files JSONL / text / CSV / Parquet → that type;
+    Order: a ``fastload.json`` → ``shards``; a Hugging Face ``save_to_disk`` directory
+    (``state.json``, ``dataset_info.json``, ``data-*.arrow``) → ``huggingface``; all files JSONL /
+    text / CSV / Parquet / Arrow (``.arrow``, ``.feather``, ``.ipc``) → that type;
     all files shards (``.tar``, ``.tfrecord`` also compressed as ``.tfrecord.gz``/``.zz``,
     ``.lmdb``) → ``shards``; images (by extension) exactly one directory deep, with at most
     :data:`IMAGE_FOLDER_STRAYS` other files or :data:`IMAGE_FOLDER_STRAY_FRACTION` of the files
@@ -181,7 +212,9 @@ def detect_source_type(
     :func:`open_source` also warns when a tree of mostly images falls back to ``files``.
 
     Raises:
-        InvalidArgumentError: The corpus is empty, or its images are all two directories deep
+        InvalidArgumentError: The corpus is empty, or is a Hugging Face ``DatasetDict`` saved
+            with ``save_to_disk`` (the message names the splits), or its images are all two
+            directories deep
             (``root/train/<class>/<image>``, ``root/val/...``): image folders one level down,
             which only ``source_type="files"`` converts whole (the message says so).
     """
@@ -189,7 +222,7 @@ def detect_source_type(
 
 
 def open_source(
-    src: str | os.PathLike[str],
+    src: str | os.PathLike[str] | ArrowBackedDataset,
     *,
     source_type: str | None = None,
     store_options: Mapping[str, Any] | None = None,
@@ -197,15 +230,21 @@ def open_source(
     """Open ``src`` (a directory / prefix URL, or one file) as a :class:`Source`.
 
     A local path naming a file, or a URL whose last segment has a known record or shard extension,
-    is a one-file corpus read from its parent directory.
+    is a one-file corpus read from its parent directory. ``src`` may also be a
+    ``datasets.Dataset`` backed by arrow files (``cache_files``): those files, in order, are read
+    as source type ``arrow`` (an in-memory dataset is refused: save it with ``save_to_disk``).
 
     Raises:
-        InvalidArgumentError: Unknown ``source_type``, empty corpus, or a tree of image folders
-            one level down without ``source_type`` (see :func:`detect_source_type`).
+        InvalidArgumentError: Unknown ``source_type``, empty corpus, a tree of image folders
+            one level down without ``source_type`` (see :func:`detect_source_type`), a Hugging
+            Face ``DatasetDict`` (directory or object), or a ``datasets.Dataset`` that is not
+            its arrow files as they are (held in memory, an indices mapping, columns changed).
         MissingDependencyError: The source type needs an optional package that is not installed
             (CSV and Parquet: pyarrow, ``pip install 'fastload[parquet]'``).
         ObjectNotFoundError: ``src`` does not exist.
     """
+    if not isinstance(src, (str, os.PathLike)):
+        return _open_dataset_object(src, source_type, store_options)
     text = os.fspath(src)
     options = dict(store_options or {})
     keys: list[str] | None = None
@@ -241,6 +280,9 @@ def open_source(
         exc.add_note(f"(converting {text} as source type {SOURCES.canonical(name)})")
         raise
     canonical = SOURCES.canonical(name)
+    hf_dict = hf_dataset_dict_error(store, text) if canonical == "huggingface" else None
+    if hf_dict is not None and keys is None:
+        raise hf_dict  # asked for a split's type: say where the splits are
     extra: dict[str, Any] = {}
     if cls is ShardSource and canonical == "shards" and name.lower() != canonical:
         # The source type names a format (``--source-type wds``): the shards' format.
@@ -250,3 +292,28 @@ def open_source(
         source.adopt_tree(tree)
     source.warnings.extend(warnings)
     return source
+
+
+def _open_dataset_object(
+    dataset: ArrowBackedDataset, source_type: str | None, store_options: Mapping[str, Any] | None
+) -> Source:
+    """The source of a ``datasets.Dataset`` object: its arrow cache files, in order."""
+    files = getattr(dataset, "cache_files", None)
+    if files is None:
+        raise InvalidArgumentError(
+            f"cannot convert a {type(dataset).__name__}: the source must be a path, a store URL "
+            "or a datasets.Dataset backed by arrow files (cache_files)"
+        )
+    if isinstance(files, Mapping):  # a DatasetDict: {split: [files]}
+        raise InvalidArgumentError(
+            f"cannot convert a {type(dataset).__name__} of {plural(len(files), 'split')} "
+            f"({few([str(s) for s in files])}) as one dataset: pass one split "
+            "(dataset['train']), or convert each"
+        )
+    if source_type and SOURCES.canonical(source_type) not in ("arrow", "huggingface"):
+        raise InvalidArgumentError(
+            f"a {type(dataset).__name__} object is read as source type arrow, not "
+            f"{source_type!r}; leave source_type out"
+        )
+    root, keys = arrow_files_of(dataset)
+    return ArrowSource(open_store(root, **dict(store_options or {})), keys)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar
 
 from fastload.convert.sources._base import PlanReporter, Unit, sanitize_field_name
 from fastload.convert.sources._records import RecordSource, record_key, record_sample
@@ -42,6 +42,65 @@ class _TableSource(RecordSource):
             return False
         return True
 
+    #: How a file that pyarrow cannot parse is reported (``"is not valid CSV"``).
+    _invalid: ClassVar[str] = "is not a valid table"
+
+    def _table(self, key: str) -> tuple[list[str], Iterable[tuple[int, int, int]], Any]:
+        """The column names of file ``key``, its groups of rows in order as ``(group, rows,
+        bytes)``, and its schema (for :meth:`_check_file`)."""
+        raise NotImplementedError
+
+    def _check_file(self, key: str, schema: Any, first: bool, report: PlanReporter) -> bool:
+        """Whether file ``key`` (the ``first`` one planned, or a later one) may be planned, its
+        columns being right; ``report`` it if not. Every file may, unless a source says."""
+        return True
+
+    def plan_units(self, report: PlanReporter) -> Iterator[Unit]:
+        first: list[str] | None = None
+        for meta in self.listing(report):
+            try:
+                names, groups, schema = self._table(meta.key)
+                if not self._check_columns(meta.key, names, first, report):
+                    continue
+                if not self._check_file(meta.key, schema, first is None, report):
+                    continue
+                first = first or names
+                row = 0
+                for group, num_rows, nbytes in groups:
+                    per_row = max(1, nbytes // max(1, num_rows))
+                    for _ in range(num_rows):
+                        ref = (meta.key, group, row)
+                        yield Unit(f"{meta.key}:row {row}", ref, per_row, len(names))
+                        row += 1
+            except MissingDependencyError:
+                raise  # the whole source needs it: not an error of this file
+            except (OSError, FastloadError) as exc:
+                report(meta.key, f"cannot be read: {exc}")
+            except Exception as exc:  # pyarrow.ArrowInvalid and friends
+                report(meta.key, f"{self._invalid}: {exc}")
+
+    def _group_rows(
+        self,
+        key: str,
+        indices: Sequence[int],
+        load: Callable[[], tuple[int, list[dict[str, Any]]]],
+        what: str,
+    ) -> Iterator[tuple[int, dict[str, Any] | Exception]]:
+        """The samples of the rows ``indices`` of one group, which ``load()`` reads as ``(index
+        of its first row in the file, its rows)``; if it fails, ``what`` failed for each."""
+        try:
+            first_row, records = load()
+        except MissingDependencyError:
+            raise
+        except Exception as exc:
+            err = self._read_error(key, exc, what)
+            for i in indices:
+                yield i, err
+            return
+        yield from self._rows(
+            key, ((i, records[i - first_row]) for i in indices if 0 <= i - first_row < len(records))
+        )
+
     def _read_error(self, key: str, exc: Exception, what: str) -> Exception:
         """The error of every row ``_read_group`` could not read: ``exc`` itself when it is a
         read error (``OSError``, fastload's own), else a :class:`CorruptDataError` saying
@@ -67,6 +126,7 @@ class CsvSource(_TableSource):
     """
 
     type_name = "csv"
+    _invalid = "is not valid CSV"
 
     def _open(self, key: str, names: list[str] | None) -> Any:
         pa = _pyarrow("pyarrow")
@@ -84,26 +144,10 @@ class CsvSource(_TableSource):
             convert_options=convert,
         )
 
-    def plan_units(self, report: PlanReporter) -> Iterator[Unit]:
-        first: list[str] | None = None
-        for meta in self.listing(report):
-            try:
-                names = list(self._open(meta.key, None).schema.names)
-                if not self._check_columns(meta.key, names, first, report):
-                    continue
-                first = first or names
-                row = 0
-                for batch in self._open(meta.key, names):
-                    per_row = max(1, batch.nbytes // max(1, batch.num_rows))
-                    for _ in range(batch.num_rows):
-                        yield Unit(f"{meta.key}:row {row}", (meta.key, 0, row), per_row, len(names))
-                        row += 1
-            except MissingDependencyError:
-                raise  # the whole source needs it: not an error of this file
-            except (OSError, FastloadError) as exc:
-                report(meta.key, f"cannot be read: {exc}")
-            except Exception as exc:  # pyarrow.ArrowInvalid and friends
-                report(meta.key, f"is not valid CSV: {exc}")
+    def _table(self, key: str) -> tuple[list[str], Iterable[tuple[int, int, int]], Any]:
+        names = list(self._open(key, None).schema.names)
+        batches = self._open(key, names)
+        return names, ((0, b.num_rows, b.nbytes) for b in batches), None
 
     def _read_group(
         self, key: str, group: int, indices: Sequence[int]
@@ -144,48 +188,25 @@ class ParquetSource(_TableSource):
     """
 
     type_name = "parquet"
+    _invalid = "is not valid Parquet"
 
     def _file(self, key: str) -> Any:
         pq = _pyarrow("pyarrow.parquet")
         return pq.ParquetFile(self.store.open_reader(key))
 
-    def plan_units(self, report: PlanReporter) -> Iterator[Unit]:
-        first: list[str] | None = None
-        for meta in self.listing(report):
-            try:
-                pf = self._file(meta.key)
-                names = list(pf.schema_arrow.names)
-                if not self._check_columns(meta.key, names, first, report):
-                    continue
-                first = first or names
-                row = 0
-                for g in range(pf.metadata.num_row_groups):
-                    rg = pf.metadata.row_group(g)
-                    per_row = max(1, rg.total_byte_size // max(1, rg.num_rows))
-                    for _ in range(rg.num_rows):
-                        yield Unit(f"{meta.key}:row {row}", (meta.key, g, row), per_row, len(names))
-                        row += 1
-            except MissingDependencyError:
-                raise  # the whole source needs it: not an error of this file
-            except (OSError, FastloadError) as exc:
-                report(meta.key, f"cannot be read: {exc}")
-            except Exception as exc:
-                report(meta.key, f"is not valid Parquet: {exc}")
+    def _table(self, key: str) -> tuple[list[str], Iterable[tuple[int, int, int]], Any]:
+        pf = self._file(key)
+        meta = pf.metadata
+        groups = (meta.row_group(g) for g in range(meta.num_row_groups))
+        names = list(pf.schema_arrow.names)
+        return names, ((g, rg.num_rows, rg.total_byte_size) for g, rg in enumerate(groups)), None
 
     def _read_group(
         self, key: str, group: int, indices: Sequence[int]
     ) -> Iterator[tuple[int, dict[str, Any] | Exception]]:
-        try:
+        def load() -> tuple[int, list[dict[str, Any]]]:
             pf = self._file(key)
             first_row = sum(pf.metadata.row_group(g).num_rows for g in range(group))
-            records = pf.read_row_group(group).to_pylist()
-        except MissingDependencyError:
-            raise
-        except Exception as exc:
-            err = self._read_error(key, exc, f"cannot read row group {group}")
-            for i in indices:
-                yield i, err
-            return
-        yield from self._rows(
-            key, ((i, records[i - first_row]) for i in indices if 0 <= i - first_row < len(records))
-        )
+            return first_row, pf.read_row_group(group).to_pylist()
+
+        return self._group_rows(key, indices, load, f"cannot read row group {group}")
