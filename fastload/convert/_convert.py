@@ -70,7 +70,15 @@ from fastload.convert._state import (
 from fastload.convert._token_blocks import check_text_field, token_metadata
 from fastload.convert._tokenizer import TokenFn, Tokenize, TokenizerSpec
 from fastload.convert._worker import ShardJob
-from fastload.convert.sources import SOURCES, ConversionError, Reporter, Source, Unit, open_source
+from fastload.convert.sources import (
+    SOURCES,
+    ArrowBackedDataset,
+    ConversionError,
+    Reporter,
+    Source,
+    Unit,
+    open_source,
+)
 from fastload.formats import MANIFEST_NAME, Manifest, ShardEntry, ShardInfo
 from fastload.formats.manifest import write_manifest
 from fastload.storage import Store, open_store
@@ -81,7 +89,7 @@ _KEPT = "each is kept if the plan still gives it the same samples"
 
 
 def convert(
-    src: str | os.PathLike[str],
+    src: str | os.PathLike[str] | ArrowBackedDataset,
     dst: str | os.PathLike[str],
     *,
     format: str = "webdataset",  # noqa: A002 - the public name the design fixes
@@ -115,7 +123,9 @@ def convert(
 
     Args:
         src: The corpus: a directory or store URL (image folder, file tree, JSONL / text / CSV /
-            Parquet files, existing shards or a fastload dataset), or a single file.
+            Parquet / Arrow IPC / Feather files, a Hugging Face ``save_to_disk`` directory,
+            existing shards or a fastload dataset), a single file, or a Hugging Face
+            ``datasets.Dataset`` backed by its arrow cache files.
         dst: The dataset root: a local directory or store URL.
         format: ``webdataset`` (``wds``), ``tfrecord`` or ``lmdb``.
         shard_size: Target shard size in bytes, or a string such as ``"256MB"`` / ``"1GiB"``.

@@ -10,6 +10,7 @@
 * :mod:`._detect`: the :data:`SOURCES` registry, source-type detection and :func:`open_source`.
 """
 
+from fastload.convert.sources._arrow import ArrowBackedDataset
 from fastload.convert.sources._base import (
     PlanReporter,
     Reporter,
@@ -34,6 +35,7 @@ from fastload.convert.sources._tables import CsvSource, ParquetSource
 from fastload.errors import ConversionError
 
 __all__ = [
+    "ArrowBackedDataset",
     "IMAGE_FOLDER_STRAYS",
     "IMAGE_FOLDER_STRAY_FRACTION",
     "SOURCES",
