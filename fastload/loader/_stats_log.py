@@ -1,14 +1,16 @@
 """A JSON-lines log of a loader's ``stats()``: one file per rank, a line every few seconds.
 
-:func:`log_stats` starts a daemon thread that appends ``{"time", "rank", "world_size", "node",
-"pid", **loader.stats()}`` to ``<log_dir>/rank-<rank>.jsonl`` every ``every_s`` seconds, one more
-whenever the loader's epoch changes, and a last one on :meth:`StatsLog.close`. The lines are
+:func:`log_stats` appends ``{"time", "rank", "world_size", "node", "pid", **loader.stats()}`` to
+``<log_dir>/rank-<rank>.jsonl`` every ``every_s`` seconds of iteration, at the end of each
+iteration (so every epoch has its line) and a last time on :meth:`StatsLog.close`. The lines are
 cumulative counters (as ``stats()`` gives them), so rates are differences of two lines; a crash
 loses at most the last interval. ``fastload report LOG_DIR`` draws the files of every rank.
 
-No glue: the thread only calls ``loader.stats()`` (a snapshot of plain counters, and the node
-cache's counters when the dataset reads through ``cache_dir``), so it works for every fastload
-loader and costs the training loop nothing.
+No glue and no thread: the log watches the loader's cursor, which every fastload loader keeps, and
+writes from the loader's own thread between two batches (one clock read per batch otherwise). A
+thread would be unsafe: ``stats()`` reads the node cache's counters under a file lock, and a
+DataLoader forking its workers while another thread holds that lock leaves the workers waiting
+for it forever.
 """
 
 from __future__ import annotations
@@ -16,12 +18,12 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
 import time
 from typing import Any, Protocol
 
 from fastload._units import check_int
 from fastload.errors import InvalidArgumentError
+from fastload.loader.order._cursor import EpochCursor
 
 __all__ = ["StatsLog", "log_stats"]
 
@@ -32,15 +34,19 @@ class _HasStats(Protocol):
 
 class StatsLog:
     """The log :func:`log_stats` started; :meth:`close` (or ``with``) writes a last line and
-    stops the thread."""
+    stops logging."""
 
-    def __init__(self, loader: _HasStats, path: str, every_s: float, rank: int, world: int):
+    def __init__(
+        self, loader: _HasStats, cursor: Any, path: str, every_s: float, rank: int, world: int
+    ):
         self.loader, self.path, self.every_s = loader, path, every_s
         self._head = {"rank": rank, "world_size": world, "node": socket.gethostname()}
-        self._stop = threading.Event()
+        self._cursor = cursor
         self._epoch: Any = None
-        self._thread = threading.Thread(target=self._run, name="fastload-stats-log", daemon=True)
-        self._thread.start()
+        self._next_at = time.monotonic() + every_s
+        self._closed = False
+        cursor.watchers.append(self._watch)
+        self.write()
 
     def write(self) -> dict[str, Any]:
         """Append one line now; returns it."""
@@ -48,21 +54,18 @@ class StatsLog:
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(line) + "\n")
         self._epoch = line.get("epoch")
+        self._next_at = time.monotonic() + self.every_s
         return line
 
-    def _run(self) -> None:
-        next_at = time.monotonic()
-        while not self._stop.wait(min(0.2, self.every_s)):
-            epoch = getattr(self.loader, "epoch", self._epoch)  # every fastload loader has it
-            if epoch != self._epoch or time.monotonic() >= next_at:
-                self.write()
-                next_at = time.monotonic() + self.every_s
+    def _watch(self) -> None:
+        if time.monotonic() >= self._next_at or self._cursor.epoch != self._epoch:
+            self.write()
 
     def close(self) -> None:
-        """Stop the thread and write the last line."""
-        if not self._stop.is_set():
-            self._stop.set()
-            self._thread.join()
+        """Write the last line and stop logging."""
+        if not self._closed:
+            self._closed = True
+            self._cursor.watchers.remove(self._watch)
             self.write()
 
     def __enter__(self) -> StatsLog:
@@ -81,16 +84,22 @@ def log_stats(
         loader: A fastload loader (``DataLoader``, ``TokenLoader``, ``DALILoader``,
             ``WebLoader``); its ``rank`` and ``world_size`` name the file (0 of 1 without).
         log_dir: A local directory (made if missing), shared by the ranks of a job or not.
-        every_s: Seconds between lines (a line is also written when the epoch changes).
+        every_s: Seconds between lines while iterating (each iteration's end also writes one).
 
     Raises:
-        InvalidArgumentError: ``every_s`` is not positive.
+        InvalidArgumentError: ``every_s`` is not positive, or ``loader`` is not a fastload
+            loader.
     """
     if not isinstance(every_s, int | float) or isinstance(every_s, bool) or every_s <= 0:
         raise InvalidArgumentError(f"every_s must be a positive number of seconds, got {every_s!r}")
+    cursor = getattr(loader, "_cursor", None)  # every fastload loader keeps one (order/_cursor)
+    if not isinstance(cursor, EpochCursor):
+        raise InvalidArgumentError(
+            f"log_stats logs fastload's loaders (DataLoader, TokenLoader, DALILoader, WebLoader), "
+            f"got {type(loader).__name__}"
+        )
     rank = check_int("rank", getattr(loader, "rank", 0) or 0)
     world = check_int("world_size", getattr(loader, "world_size", 1) or 1, minimum=1)
     os.makedirs(log_dir, exist_ok=True)
-    return StatsLog(
-        loader, os.path.join(os.fspath(log_dir), f"rank-{rank}.jsonl"), every_s, rank, world
-    )
+    path = os.path.join(os.fspath(log_dir), f"rank-{rank}.jsonl")
+    return StatsLog(loader, cursor, path, every_s, rank, world)

@@ -79,7 +79,23 @@ def test_bad_logs_are_named(tmp_path: Path) -> None:
     assert len(read_logs(tmp_path)[0]) == 2
 
 
-def test_every_s_must_be_positive(fake: SimpleNamespace, tmp_path: Path) -> None:
+def test_every_s_must_be_positive_and_the_loader_a_fastload_one(
+    fake: SimpleNamespace, tmp_path: Path
+) -> None:
     loader = fl.DataLoader(fake.make_dataset([3]), batch_size=2)
     with pytest.raises(InvalidArgumentError, match="every_s must be a positive"):
         fl.log_stats(loader, tmp_path, every_s=0)
+    with pytest.raises(InvalidArgumentError, match="log_stats logs fastload's loaders"):
+        fl.log_stats(SimpleNamespace(stats=dict), tmp_path)
+
+
+def test_a_closed_log_writes_no_more(fake: SimpleNamespace, tmp_path: Path) -> None:
+    loader = fl.DataLoader(fake.make_dataset([3, 3]), batch_size=2)
+    log = fl.log_stats(loader, tmp_path, every_s=1e-6)
+    list(loader)
+    log.close()
+    lines = read_logs(tmp_path)[0]
+    assert len(lines) >= 1 + 3 + 1  # start, a line per step (every_s is tiny), close
+    list(loader)  # iterating after close: nothing more is written
+    assert len(read_logs(tmp_path)[0]) == len(lines)
+    assert lines[-1]["samples"] == 6

@@ -179,6 +179,9 @@ class EpochCursor:
         self._start = 0  # step the running iteration started at
         self._iterating = False
         self.stats = LoaderStats()
+        #: Called after every delivered step and at the end of each iteration, in the loader's
+        #: own thread (:func:`~fastload.loader.log_stats`); not pickled.
+        self.watchers: list[Callable[[], None]] = []
 
     @property
     def resume_pending(self) -> bool:
@@ -230,14 +233,19 @@ class EpochCursor:
         outputs of ``step``). Ignored once ``set_epoch`` moved to another epoch mid-iteration."""
         if self.epoch == epoch:
             self.step, self.outputs = step, outputs
+        for watch in self.watchers:
+            watch()
 
     def end(self) -> None:
         """The iteration ended (finished, broken off or failed)."""
         self._iterating = False
+        for watch in self.watchers:
+            watch()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_iterating"] = False  # a pickled loader is not iterating
+        state["watchers"] = []  # a log belongs to the loader it was started on
         return state
 
     # ---- state --------------------------------------------------------------------------------
