@@ -267,6 +267,7 @@ def test_extras_named_in_readme_exist() -> None:
         "hdfs": "hdfs_native",
         "dali": "nvidia.dali",
         "wds": "webdataset",
+        "report": "matplotlib",
     }
     named = re.findall(r"pip install 'fastload\[(\w+)\]'", README.read_text())
     assert named
